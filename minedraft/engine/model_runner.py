@@ -1,0 +1,80 @@
+"""Runs a model over rows of new tokens, each row appending to its own KV-cache slot."""
+
+from dataclasses import dataclass
+
+import torch
+
+from minedraft.kv_cache import KVCache
+from minedraft.models.llama import BatchMeta, Decoder, rope_tables
+
+
+@dataclass
+class Row:
+    slot: int
+    tokens: list[int]  # new tokens, appended after the slot's cached ones
+    num_logits: int = 1  # return logits for this many of the last new tokens
+
+
+class ModelRunner:
+    def __init__(self, model: Decoder, num_slots: int, max_len: int, dtype: torch.dtype, device: torch.device):
+        args = model.args
+        self.model = model
+        self.device = device
+        self.cache = KVCache(args.num_layers, num_slots, max_len, args.num_kv_heads, args.head_dim, dtype, device)
+        self.cos, self.sin = (t.to(device) for t in rope_tables(args, max_len, dtype))
+
+    @torch.inference_mode()
+    def forward(self, rows: list[Row]) -> torch.Tensor:
+        """Logits [sum of num_logits, vocab], row by row in order; advances each slot's length."""
+        meta, input_ids, logit_index = self._prepare(rows)
+        hidden = self.model(input_ids, meta, self.cache.k, self.cache.v)
+        for row in rows:
+            self.cache.lengths[row.slot] += len(row.tokens)
+        return self.model.compute_logits(hidden.flatten(0, 1)[logit_index])
+
+    def _prepare(self, rows: list[Row]) -> tuple[BatchMeta, torch.Tensor, torch.Tensor]:
+        lengths = self.cache.lengths
+        B, T = len(rows), max(len(r.tokens) for r in rows)
+        starts = [lengths[r.slot] for r in rows]
+        counts = [len(r.tokens) for r in rows]
+        for row, start, n in zip(rows, starts, counts):
+            if n == 0 or not 0 < row.num_logits <= n:
+                raise ValueError(f"row for slot {row.slot} has {n} tokens and asks for {row.num_logits} logits")
+            if start + n > self.cache.max_len:
+                raise ValueError(f"slot {row.slot} would hold {start + n} tokens, over {self.cache.max_len}")
+        dev = self.device
+        input_ids = torch.tensor([r.tokens + [0] * (T - len(r.tokens)) for r in rows], device=dev)
+        start_t = torch.tensor(starts, device=dev)
+        count_t = torch.tensor(counts, device=dev)
+        offsets = torch.arange(T, device=dev)
+        positions = start_t[:, None] + offsets[None, :]
+        real = offsets[None, :] < count_t[:, None]
+        kv_len = max(s + n for s, n in zip(starts, counts))
+        # Padding tokens read a clamped rope position; their outputs and keys are never used.
+        pos_clamped = positions.clamp(max=self.cache.max_len - 1)
+        cos = self.cos[pos_clamped][:, :, None, :]
+        sin = self.sin[pos_clamped][:, :, None, :]
+        slots = [r.slot for r in rows]
+        slot_t = torch.tensor(slots, device=dev)
+        consecutive = slots == list(range(slots[0], slots[0] + B))
+        all_real = all(n == T for n in counts)
+        mask = None
+        if T > 1 or len(set(starts)) > 1:
+            keys = torch.arange(kv_len, device=dev)
+            mask = (keys[None, None, :] <= positions[:, :, None])[:, None]
+        valid = None if all_real else real.flatten().nonzero().squeeze(1)
+        meta = BatchMeta(
+            rows=slice(slots[0], slots[0] + B) if consecutive else slot_t,
+            write_slots=slot_t[:, None].expand(B, T)[real],
+            write_pos=positions[real],
+            valid=valid,
+            kv_len=kv_len,
+            mask=mask,
+            cos=cos,
+            sin=sin,
+        )
+        ends = [b * T + n for b, n in enumerate(counts)]
+        logit_index = torch.tensor(
+            [i for end, row in zip(ends, rows) for i in range(end - row.num_logits, end)], device=dev
+        )
+        return meta, input_ids, logit_index

@@ -1,0 +1,56 @@
+"""Continuous batching: FIFO admission bounded by free KV slots and a prefill token budget."""
+
+from collections import deque
+
+from minedraft.engine.sequence import Sequence, Status
+from minedraft.kv_cache import KVCache
+
+
+class Scheduler:
+    def __init__(self, cache: KVCache, max_num_batched_tokens: int):
+        self.cache = cache
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> tuple[list[Sequence], bool]:
+        """The sequences for the next step and whether it is a prefill step.
+
+        Waiting requests are admitted first (prefill), as many as free slots and the padded token
+        budget allow; otherwise every running sequence decodes.
+        """
+        admitted: list[Sequence] = []
+        longest = 0
+        while self.waiting and self.cache.num_free > 0:
+            seq = self.waiting[0]
+            longest_if = max(longest, len(seq))
+            if admitted and longest_if * (len(admitted) + 1) > self.max_num_batched_tokens:
+                break
+            self.waiting.popleft()
+            seq.slot = self.cache.allocate()
+            seq.status = Status.RUNNING
+            admitted.append(seq)
+            longest = longest_if
+        if admitted:
+            self.running.extend(admitted)
+            return admitted, True
+        return list(self.running), False
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End a sequence wherever it is and release its slot."""
+        if seq.status == Status.FINISHED:
+            return
+        if seq.status == Status.WAITING:
+            self.waiting.remove(seq)
+        else:
+            self.running.remove(seq)
+            self.cache.free(seq.slot)
+            seq.slot = None
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason

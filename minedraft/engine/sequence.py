@@ -1,0 +1,73 @@
+"""Request state: one Sequence per completion being generated, and what the user gets back."""
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from minedraft.engine.detokenizer import DecodeState
+from minedraft.sampling import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    index: int  # which of the request's n completions
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None
+    decode_state: DecodeState
+    output_token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    status: Status = Status.WAITING
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    slot: int | None = None
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def tokens_from(self, start: int) -> list[int]:
+        """Prompt and output tokens from position `start` on (those not yet in the KV cache)."""
+        prompt_len = len(self.prompt_token_ids)
+        if start >= prompt_len:
+            return self.output_token_ids[start - prompt_len :]
+        return self.prompt_token_ids[start:] + self.output_token_ids
+
+    def __len__(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+
+    @classmethod
+    def from_sequences(cls, seqs: list[Sequence]) -> "RequestOutput":
+        first = seqs[0]
+        outputs = [CompletionOutput(s.index, s.text, list(s.output_token_ids), s.finish_reason) for s in seqs]
+        done = all(s.status == Status.FINISHED for s in seqs)
+        return cls(first.request_id, first.prompt, first.prompt_token_ids, outputs, done)

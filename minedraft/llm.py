@@ -1,0 +1,67 @@
+"""The offline API in vLLM's shape: `LLM(...).generate(prompts, SamplingParams(...))`."""
+
+from tqdm import tqdm
+
+from minedraft.config import EngineConfig
+from minedraft.engine.llm_engine import LLMEngine
+from minedraft.engine.sequence import RequestOutput
+from minedraft.sampling import SamplingParams
+
+Prompt = str | dict  # text, or {"prompt_token_ids": [...]}
+Conversation = list[dict]
+
+
+class LLM:
+    """A model ready to generate. Keyword arguments are `EngineConfig` fields."""
+
+    def __init__(self, model: str | None = None, **kwargs):
+        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | list[Prompt],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in the prompts' order."""
+        prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        params = sampling_params or SamplingParams()
+        params = params if isinstance(params, list) else [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        engine = self.engine
+        ids = []
+        try:
+            for prompt, p in zip(prompts, params):
+                if isinstance(prompt, dict):
+                    if "prompt_token_ids" not in prompt:
+                        raise ValueError("a dict prompt needs the key 'prompt_token_ids'")
+                    prompt = prompt["prompt_token_ids"]
+                ids.append(engine.add_request(prompt, p))
+        except Exception:
+            for request_id in ids:  # leave nothing half-queued behind a bad prompt
+                engine.abort(request_id)
+            raise
+        done: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm) as bar:
+            while len(done) < len(ids):
+                for out in engine.step():
+                    if out.finished:
+                        done[out.request_id] = out
+                        bar.update()
+        return [done[i] for i in ids]
+
+    def chat(
+        self,
+        messages: Conversation | list[Conversation],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them, with the model's chat template."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.engine.apply_chat_template(c) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)

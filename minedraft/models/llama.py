@@ -1,0 +1,243 @@
+"""The Llama-family decoder: Llama / SmolLM2, Qwen2 (qkv bias) and Qwen3 (q/k RMSNorm).
+
+One forward pass takes a padded batch of rows; each row appends its new tokens to its own KV-cache
+slot, so prefill, single-token decode and multi-token verification share this code.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: tuple[tuple[str, float], ...] | None  # llama3-style parameters, hashable
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    qk_norm: bool
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "ModelArgs":
+        """Read a Hugging Face config.json; reject what this decoder does not implement."""
+        archs = cfg.get("architectures") or ["?"]
+        arch = archs[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported hidden_act {cfg['hidden_act']!r}; only 'silu' is implemented")
+        if cfg.get("mlp_bias", False):
+            raise ValueError("unsupported mlp_bias=true")
+        if cfg.get("use_sliding_window", False):
+            raise ValueError("unsupported use_sliding_window=true")
+        rope = dict(cfg.get("rope_parameters") or {})
+        rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+        rope.update(cfg.get("rope_scaling") or {})
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", "llama3"):
+            raise ValueError(f"unsupported rope_type {rope_type!r}; supported: 'default', 'llama3'")
+        scaling = None
+        if rope_type == "llama3":
+            keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+            scaling = tuple((k, float(rope[k])) for k in keys)
+        bias = bool(cfg.get("attention_bias", False))
+        num_heads = cfg["num_attention_heads"]
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope["rope_theta"]),
+            rope_scaling=scaling,
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=bias or arch == "Qwen2ForCausalLM",
+            o_bias=bias,
+            qk_norm=arch == "Qwen3ForCausalLM",
+        )
+
+
+def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
+    """Inverse frequencies, computed in float32 as the reference checkpoints were trained with."""
+    dim = args.head_dim
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if args.rope_scaling is None:
+        return inv_freq
+    s = dict(args.rope_scaling)
+    old_len = s["original_max_position_embeddings"]
+    low_wavelen = old_len / s["low_freq_factor"]
+    high_wavelen = old_len / s["high_freq_factor"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / s["factor"], inv_freq)
+    smooth = (old_len / wavelen - s["low_freq_factor"]) / (s["high_freq_factor"] - s["low_freq_factor"])
+    smoothed = (1 - smooth) * scaled / s["factor"] + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_tables(args: ModelArgs, max_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin for every position, [max_len, head_dim]; float64 models get float64 tables."""
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    freqs = torch.arange(max_len, dtype=compute)[:, None] * rope_inv_freq(args).to(compute)[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise in at least float32 (as the checkpoints expect), in float64 for float64 models.
+    compute = torch.promote_types(x.dtype, torch.float32)
+    h = x.to(compute)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+@dataclass
+class BatchMeta:
+    """Where a padded [B, T] batch sits in the KV cache; built once per step by the runner."""
+
+    rows: slice | torch.Tensor  # the B cache slots, a slice when they are consecutive (no copy)
+    write_slots: torch.Tensor  # [N] slot of each real (non-padding) token
+    write_pos: torch.Tensor  # [N] cache position of each real token
+    valid: torch.Tensor | None  # [B*T] flat indices of real tokens; None when nothing is padded
+    kv_len: int  # keys to attend over: max over rows of cached + new tokens
+    mask: torch.Tensor | None  # [B, 1, T, kv_len] True where a query may attend; None: attend all
+    cos: torch.Tensor  # [B, T, 1, head_dim]
+    sin: torch.Tensor
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
+        q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+        self.split = (q_size, kv_size, kv_size)
+        self.qkv = nn.Linear(args.hidden_size, q_size + 2 * kv_size, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(q_size, args.hidden_size, bias=args.o_bias)
+        self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
+
+    def forward(self, x: torch.Tensor, meta: BatchMeta, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).split(self.split, dim=-1)
+        q = q.view(B, T, self.num_heads, self.head_dim)
+        k = k.view(B, T, self.num_kv_heads, self.head_dim)
+        v = v.view(B * T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = rotate(q, meta.cos, meta.sin)
+        k = rotate(k, meta.cos, meta.sin).view(B * T, self.num_kv_heads, self.head_dim)
+        if meta.valid is not None:
+            k, v = k[meta.valid], v[meta.valid]
+        # Cache layout [slot, kv_head, position, head_dim]: write the new keys, read each row's prefix.
+        k_cache[meta.write_slots, :, meta.write_pos] = k
+        v_cache[meta.write_slots, :, meta.write_pos] = v
+        keys = k_cache[meta.rows, :, : meta.kv_len]
+        values = v_cache[meta.rows, :, : meta.kv_len]
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=meta.mask, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.intermediate_size = args.intermediate_size
+        self.gate_up = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=False)
+        self.down = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).split(self.intermediate_size, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.attn_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.attn = Attention(args)
+        self.mlp_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(self, x: torch.Tensor, meta: BatchMeta, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), meta, k_cache, v_cache)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.embed = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.lm_head = None if args.tie_word_embeddings else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, meta: BatchMeta, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """Hidden states [B, T, hidden] after the final norm; k_cache/v_cache are [layers, slots, ...]."""
+        x = self.embed(input_ids)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, meta, k_cache[i], v_cache[i])
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight)
+
+
+def fuse_hf_state_dict(args: ModelArgs, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Map Hugging Face parameter names onto ours, concatenating q/k/v and gate/up."""
+    out = {"embed.weight": hf["model.embed_tokens.weight"], "norm.weight": hf["model.norm.weight"]}
+    if not args.tie_word_embeddings:
+        out["lm_head.weight"] = hf["lm_head.weight"]
+    for i in range(args.num_layers):
+        src, dst = f"model.layers.{i}.", f"layers.{i}."
+        attn = src + "self_attn."
+        out[dst + "attn_norm.weight"] = hf[src + "input_layernorm.weight"]
+        out[dst + "mlp_norm.weight"] = hf[src + "post_attention_layernorm.weight"]
+        out[dst + "attn.qkv.weight"] = torch.cat([hf[attn + f"{p}_proj.weight"] for p in "qkv"])
+        if args.qkv_bias:
+            out[dst + "attn.qkv.bias"] = torch.cat([hf[attn + f"{p}_proj.bias"] for p in "qkv"])
+        out[dst + "attn.o_proj.weight"] = hf[attn + "o_proj.weight"]
+        if args.o_bias:
+            out[dst + "attn.o_proj.bias"] = hf[attn + "o_proj.bias"]
+        if args.qk_norm:
+            out[dst + "attn.q_norm.weight"] = hf[attn + "q_norm.weight"]
+            out[dst + "attn.k_norm.weight"] = hf[attn + "k_norm.weight"]
+        mlp = src + "mlp."
+        out[dst + "mlp.gate_up.weight"] = torch.cat([hf[mlp + "gate_proj.weight"], hf[mlp + "up_proj.weight"]])
+        out[dst + "mlp.down.weight"] = hf[mlp + "down_proj.weight"]
+    return out

