@@ -19,7 +19,7 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     max_num_seqs: int = 16  # requests in flight
-    max_model_len: int = 2048  # prompt + output tokens per request
+    max_model_len: int | None = None  # prompt + output tokens per request; None: min(2048, the model's)
     max_num_batched_tokens: int = 4096  # padded prefill tokens per step
     kv_cache_memory_gb: float | None = None  # cap on KV-cache memory; None: max_num_seqs full slots
     num_threads: int | None = None  # torch threads on CPU; None: leave torch's default
@@ -38,6 +38,11 @@ class EngineConfig:
             raise ValueError(f"device {self.device!r} is not a torch device") from None
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r} asked for but CUDA is not available")
+        self.model_path = resolve_model(self.model)
+        self.hf_config = read_config(self.model_path)
+        self.model_args = ModelArgs.from_hf(self.hf_config)
+        if self.max_model_len is None:
+            self.max_model_len = min(2048, self.model_args.max_position_embeddings)
         for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -46,9 +51,6 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
             raise ValueError(f"num_threads must be an integer >= 1, got {self.num_threads!r}")
-        self.model_path = resolve_model(self.model)
-        self.hf_config = read_config(self.model_path)
-        self.model_args = ModelArgs.from_hf(self.hf_config)
         if self.max_model_len > self.model_args.max_position_embeddings:
             raise ValueError(
                 f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "

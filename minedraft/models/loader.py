@@ -102,20 +102,23 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> Decode
         state = fuse_hf_state_dict(args, read_safetensors(folder))
     except KeyError as e:
         raise ValueError(f"checkpoint {str(folder)!r} is missing tensor {e.args[0]!r}") from None
-    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
+    state = {k: v.to(device=device, dtype=dtype).contiguous() for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
-    if args.tie_word_embeddings:
-        model.lm_head = None
     return model.eval().requires_grad_(False)
 
 
 def load_tokenizer(folder: Path):
     """The checkpoint's tokenizer, or None when the folder has none (token-id prompts only)."""
-    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
-        return None
-    from transformers import AutoTokenizer
+    if (folder / "tokenizer.json").is_file():
+        # Importing the fast tokenizer class directly skips AutoTokenizer's seconds of imports.
+        from transformers import PreTrainedTokenizerFast
 
-    return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+        return PreTrainedTokenizerFast.from_pretrained(folder)
+    if (folder / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    return None
 
 
 def eos_token_ids(folder: Path, tokenizer) -> set[int]:

@@ -1,0 +1,73 @@
+"""`minedraft generate | bench ...`: the command line."""
+
+import argparse
+import sys
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="checkpoint folder or .gguf file (default: bundled SmolLM2-135M-Instruct)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0")
+    parser.add_argument("--max-model-len", type=int, default=None, help="prompt + output tokens per request")
+    parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from minedraft import LLM, SamplingParams
+
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+              num_threads=args.num_threads, max_num_seqs=1)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_tokens, seed=args.seed)
+    if args.chat:
+        out = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)
+    else:
+        out = llm.generate([args.prompt], params, use_tqdm=False)
+    print(out[0].outputs[0].text)
+
+
+def cmd_bench_decode(args: argparse.Namespace) -> None:
+    from minedraft.bench.decode import run
+
+    run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="minedraft", description="MineDraft: batch parallel speculative decoding")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="complete one prompt and print the completion")
+    add_engine_args(gen)
+    gen.add_argument("--prompt", required=True, help="the prompt text")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=-1)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.set_defaults(func=cmd_generate)
+
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+    dec = bench.add_parser("decode", help="decode step time and throughput against transformers")
+    add_engine_args(dec)
+    dec.add_argument("--batch-sizes", default="1,8", help="comma-separated batch sizes")
+    dec.add_argument("--context", type=int, default=128, help="prompt tokens before decoding")
+    dec.add_argument("--output-len", type=int, default=64, help="tokens generated per request")
+    dec.add_argument("--steps", type=int, default=20, help="decode steps timed per repeat")
+    dec.add_argument("--repeats", type=int, default=3, help="interleaved repetitions; medians are reported")
+    dec.add_argument("--output-json", default=None, help="write every figure to this file")
+    dec.set_defaults(func=cmd_bench_decode)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

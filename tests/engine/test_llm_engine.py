@@ -1,0 +1,128 @@
+import pytest
+
+from minedraft import LLM, SamplingParams
+
+PROMPTS = [[5, 17, 3, 44, 9, 2, 61], [8], [90, 12, 33, 33, 1, 7, 7, 7, 70, 4, 11, 2, 3], [40, 41]]
+
+
+def tokens(outputs):
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama):
+    return LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=128)
+
+
+def as_prompts(ids_list):
+    return [{"prompt_token_ids": ids} for ids in ids_list]
+
+
+def test_batched_equals_one_at_a_time(llm):
+    # Different max_tokens make rows finish at different steps.
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (12, 30, 5, 21)]
+    batched = tokens(llm.generate(as_prompts(PROMPTS), params, use_tqdm=False))
+    single = [tokens(llm.generate(as_prompts([p]), [sp], use_tqdm=False))[0] for p, sp in zip(PROMPTS, params)]
+    assert batched == single
+    assert [len(t) for t in batched] == [12, 30, 5, 21]
+
+
+def test_more_requests_than_slots_queue_and_complete(llm):
+    prompts = as_prompts(PROMPTS * 3)  # 12 requests, 4 slots
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert tokens(outs) == tokens(outs[:4]) * 3
+    assert llm.engine.runner.cache.num_free == 4
+
+
+def test_seeded_sampling_is_reproducible_and_seed_dependent(llm):
+    def run(seed):
+        params = SamplingParams(temperature=1.0, max_tokens=20, seed=seed, ignore_eos=True)
+        return tokens(llm.generate(as_prompts(PROMPTS[:2]), params, use_tqdm=False))
+
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+
+
+def test_n_completions_differ_under_sampling(llm):
+    out = llm.generate(as_prompts([PROMPTS[0]]), SamplingParams(n=3, temperature=1.0, max_tokens=15, seed=1,
+                                                                 ignore_eos=True), use_tqdm=False)[0]
+    assert [o.index for o in out.outputs] == [0, 1, 2]
+    assert len({tuple(o.token_ids) for o in out.outputs}) == 3
+
+
+def test_stop_token_ids_and_eos(llm):
+    free = tokens(llm.generate(as_prompts([PROMPTS[0]]), SamplingParams(temperature=0, max_tokens=20,
+                                                                       ignore_eos=True), use_tqdm=False))[0]
+    stop_at = free[4]
+    first = free.index(stop_at)
+    out = llm.generate(as_prompts([PROMPTS[0]]), SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop_at]),
+                       use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == free[: first + 1] and out.finish_reason == "stop"
+    llm.engine.eos_token_ids = {stop_at}
+    try:
+        out = llm.generate(as_prompts([PROMPTS[0]]), SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)
+        assert out[0].outputs[0].token_ids == free[: first + 1]
+        out = llm.generate(as_prompts([PROMPTS[0]]), SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
+                           use_tqdm=False)
+        assert out[0].outputs[0].token_ids == free
+    finally:
+        llm.engine.eos_token_ids = set()
+
+
+def test_generation_stops_at_max_model_len(tiny_llama):
+    llm = LLM(str(tiny_llama), dtype="float64", max_num_seqs=2, max_model_len=16)
+    out = llm.generate(as_prompts([PROMPTS[2]]), SamplingParams(temperature=0, max_tokens=100, ignore_eos=True),
+                       use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) == 16 - len(PROMPTS[2]) and out.finish_reason == "length"
+
+
+def test_abort_frees_slots(llm):
+    engine = llm.engine
+    ids = [engine.add_request(p, SamplingParams(max_tokens=50, ignore_eos=True)) for p in PROMPTS]
+    engine.step()
+    engine.step()
+    for request_id in ids:
+        engine.abort(request_id)
+    assert not engine.has_unfinished() and engine.runner.cache.num_free == 4 and not engine.requests
+
+
+@pytest.mark.parametrize("prompt,params,message", [
+    ({"prompt_token_ids": []}, SamplingParams(), "prompt is empty"),
+    ({"prompt_token_ids": [1] * 128}, SamplingParams(), "more than max_model_len"),
+    ({"prompt_token_ids": [1000]}, SamplingParams(), "token ids must be"),
+    ("text", SamplingParams(), "has no tokenizer"),
+])
+def test_bad_prompts_raise_clear_errors_and_engine_keeps_serving(llm, prompt, params, message):
+    with pytest.raises(ValueError, match=message):
+        llm.generate([{"prompt_token_ids": [1, 2]}, prompt], params, use_tqdm=False)
+    assert not llm.engine.has_unfinished()
+    assert len(llm.generate(as_prompts([[3]]), SamplingParams(max_tokens=2), use_tqdm=False)) == 1
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"temperature": -0.1}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": 0}, "top_k"),
+    ({"top_k": -2}, "top_k"),
+    ({"n": 0}, "n"),
+    ({"stop": [""]}, "stop"),
+])
+def test_bad_sampling_params_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"^{field} "):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"model": "/nonexistent/model"}, "does not exist"),
+    ({"dtype": "float16"}, "dtype"),
+    ({"max_num_seqs": 0}, "max_num_seqs"),
+    ({"max_model_len": 100000}, "max_position_embeddings"),
+    ({"kv_cache_memory_gb": 1e-9}, "kv_cache_memory_gb"),
+])
+def test_bad_engine_config_is_named(tiny_llama, kwargs, message):
+    kwargs = {"model": str(tiny_llama), **kwargs}
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        LLM(**kwargs)

@@ -1,0 +1,113 @@
+import types
+
+import pytest
+import torch
+
+from conftest import save_tiny_checkpoint
+from minedraft.engine.model_runner import ModelRunner, Row
+from minedraft.models.llama import ModelArgs, rope_inv_freq
+from minedraft.models.loader import load_model, read_config
+
+
+def keep_float64(hf_model):
+    """transformers computes RMSNorm and RoPE in float32 even in a float64 model; make those two
+    float64 so a 1e-9 comparison measures our decoder, not transformers' downcasts."""
+
+    def norm_forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    def rope_forward(self, x, position_ids):
+        freqs = position_ids[..., None].double() * self.inv_freq.double()
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+
+    for module in hf_model.modules():
+        name = type(module).__name__
+        if name.endswith("RMSNorm"):
+            module.forward = types.MethodType(norm_forward, module)
+        elif name.endswith("RotaryEmbedding"):
+            module.forward = types.MethodType(rope_forward, module)
+    return hf_model
+
+
+def hf_reference_logits(folder, dtype, prompts, steps):
+    """Logits per prompt for its prefill and `steps` greedy continuations, one prompt at a time."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    if dtype == torch.float64:
+        keep_float64(hf)
+    out = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            rows = []
+            for _ in range(steps + 1):
+                logits = hf(ids).logits[0, -1]
+                rows.append(logits)
+                ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
+            out.append(torch.stack(rows))
+    return out
+
+
+def our_logits(folder, dtype, prompts, steps):
+    """The same, all prompts batched together: one mixed-length prefill, then decode steps."""
+    model = load_model(folder, dtype, torch.device("cpu"))
+    runner = ModelRunner(model, len(prompts), 128, dtype, torch.device("cpu"))
+    slots = [runner.cache.allocate() for _ in prompts]
+    rows = [Row(slot, list(p)) for slot, p in zip(slots, prompts)]
+    got = [[] for _ in prompts]
+    for _ in range(steps + 1):
+        logits = runner.forward(rows)
+        for i, row_logits in enumerate(logits):
+            got[i].append(row_logits)
+        rows = [Row(slot, [int(l.argmax())]) for slot, l in zip(slots, logits)]
+    return [torch.stack(g) for g in got]
+
+
+PROMPTS = [[5, 17, 3, 44, 9, 2, 61], [8], [90, 12, 33, 33, 1, 7, 7, 7, 70, 4, 11, 2, 3]]
+
+
+@pytest.mark.parametrize("arch,extra", [
+    ("llama", {}),
+    ("llama", {"tie_word_embeddings": True, "attention_bias": True}),
+    ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}),
+    ("qwen2", {}),
+    ("qwen3", {}),
+])
+def test_float64_logits_match_transformers(tmp_path, arch, extra):
+    folder = save_tiny_checkpoint(tmp_path, arch, **extra)
+    ref = hf_reference_logits(folder, torch.float64, PROMPTS, steps=4)
+    got = our_logits(folder, torch.float64, PROMPTS, steps=4)
+    for r, g in zip(ref, got):
+        assert (r - g).abs().max() < 1e-9
+
+
+def test_float32_logits_match_transformers_on_smollm2(smollm2_path):
+    prompts = [[1, 504, 3575, 282, 4649, 314], [42, 9000, 17] * 9, [7]]
+    ref = hf_reference_logits(smollm2_path, torch.float32, prompts, steps=3)
+    got = our_logits(smollm2_path, torch.float32, prompts, steps=3)
+    for r, g in zip(ref, got):
+        assert (r - g).abs().max() < 1e-4
+
+
+def test_llama3_rope_matches_transformers():
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+    cfg = LlamaConfig(hidden_size=4096, num_attention_heads=32, rope_theta=500000.0, rope_scaling=scaling)
+    ref, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
+    args = ModelArgs.from_hf({**cfg.to_dict(), "architectures": ["LlamaForCausalLM"]})
+    assert torch.equal(rope_inv_freq(args), ref)
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    folder = save_tiny_checkpoint(tmp_path, "llama")
+    cfg = read_config(folder)
+    with pytest.raises(ValueError, match="unsupported architecture 'GPT2LMHeadModel'"):
+        ModelArgs.from_hf({**cfg, "architectures": ["GPT2LMHeadModel"]})
+    with pytest.raises(ValueError, match="rope_type 'yarn'"):
+        ModelArgs.from_hf({**cfg, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}})
