@@ -103,9 +103,10 @@ def rope_tables(args: ModelArgs, max_len: int, dtype: torch.dtype) -> tuple[torc
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Normalise in at least float32 (as the checkpoints expect), in float64 for float64 models.
-    compute = torch.promote_types(x.dtype, torch.float32)
-    h = x.to(compute)
+    if x.dtype in (torch.float32, torch.float64):
+        return F.rms_norm(x, weight.shape, weight, eps)  # fused; same arithmetic as below
+    # Half precision: normalise in float32 and round before the weight, as the checkpoints expect.
+    h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
 
@@ -159,7 +160,6 @@ class Attention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
         q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
-        self.split = (q_size, kv_size, kv_size)
         self.qkv = Linear(args.hidden_size, q_size + 2 * kv_size, bias=args.qkv_bias)
         self.o_proj = Linear(q_size, args.hidden_size, bias=args.o_bias)
         self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
@@ -167,14 +167,14 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, meta: BatchMeta, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        q, k, v = self.qkv(x).split(self.split, dim=-1)
-        q = q.view(B, T, self.num_heads, self.head_dim)
-        k = k.view(B, T, self.num_kv_heads, self.head_dim)
-        v = v.view(B * T, self.num_kv_heads, self.head_dim)
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv(x)
+        v = qkv[..., (H + Hkv) * D :].reshape(B * T, Hkv, D)
+        qk = qkv[..., : (H + Hkv) * D].view(B, T, H + Hkv, D)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = rotate(q, meta.cos, meta.sin)
-        k = rotate(k, meta.cos, meta.sin).view(B * T, self.num_kv_heads, self.head_dim)
+            qk = torch.cat((self.q_norm(qk[:, :, :H]), self.k_norm(qk[:, :, H:])), dim=2)
+        qk = rotate(qk, meta.cos, meta.sin)  # queries and keys together: half the small ops
+        q, k = qk[:, :, :H], qk[:, :, H:].reshape(B * T, Hkv, D)
         if meta.valid is not None:
             k, v = k[meta.valid], v[meta.valid]
         # Cache layout [slot, kv_head, position, head_dim]: write the new keys, read each row's prefix.
