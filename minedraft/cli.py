@@ -1,6 +1,7 @@
 """`minedraft generate | bench ...`: the command line."""
 
 import argparse
+import json
 import sys
 
 
@@ -10,13 +11,25 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0")
     parser.add_argument("--max-model-len", type=int, default=None, help="prompt + output tokens per request")
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--speculative-config", default=None,
+                        help='JSON, e.g. \'{"model": "self", "num_speculative_tokens": 4}\'')
+
+
+def speculative_config(text: str | None) -> dict | None:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--speculative-config is not valid JSON: {e}") from None
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
     from minedraft import LLM, SamplingParams
 
     llm = LLM(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-              num_threads=args.num_threads, max_num_seqs=1)
+              num_threads=args.num_threads, max_num_seqs=1,
+              speculative_config=speculative_config(args.speculative_config))
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed)
     if args.chat:
@@ -24,6 +37,9 @@ def cmd_generate(args: argparse.Namespace) -> None:
     else:
         out = llm.generate([args.prompt], params, use_tqdm=False)
     print(out[0].outputs[0].text)
+    if args.stats:
+        for key, value in llm.get_metrics().items():
+            print(f"{key}: {value}", file=sys.stderr)
 
 
 def cmd_bench_decode(args: argparse.Namespace) -> None:
@@ -45,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=-1)
     gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stats", action="store_true", help="print speculative-decoding metrics to stderr")
     gen.set_defaults(func=cmd_generate)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)

@@ -14,6 +14,54 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch
 
 
 @dataclass
+class SpeculativeConfig:
+    """vLLM-style `speculative_config`: {"method": "draft_model", "model": PATH | "self",
+    "num_speculative_tokens": k}. "self" drafts with the target's own weights."""
+
+    num_speculative_tokens: int
+    method: str = "draft_model"
+    model: str | None = None
+    model_path: Path = field(init=False)
+
+    KEYS = ("method", "model", "num_speculative_tokens")
+
+    @classmethod
+    def from_dict(cls, spec: dict, target: "EngineConfig") -> "SpeculativeConfig":
+        if not isinstance(spec, dict):
+            raise ValueError(f"speculative_config must be a dict, got {type(spec).__name__}")
+        unknown = sorted(set(spec) - set(cls.KEYS))
+        if unknown:
+            raise ValueError(f"unknown speculative_config key {unknown[0]!r}; known: {', '.join(cls.KEYS)}")
+        if "num_speculative_tokens" not in spec:
+            raise ValueError("speculative_config needs 'num_speculative_tokens'")
+        config = cls(**spec)
+        config.validate(target)
+        return config
+
+    def validate(self, target: "EngineConfig") -> None:
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
+            raise ValueError(f"speculative_config num_speculative_tokens must be an integer in 1..16, got {k!r}")
+        if self.method != "draft_model":
+            raise ValueError(f"speculative_config method must be 'draft_model', got {self.method!r}")
+        if self.model is None:
+            raise ValueError("speculative_config needs 'model': a draft checkpoint, or 'self' to draft with the target")
+        self.model_path = target.model_path if self.model == "self" else resolve_model(self.model)
+        draft = ModelArgs.from_hf(read_config(self.model_path))
+        draft_vocab = draft.vocab_size
+        if draft.max_position_embeddings < target.max_model_len:
+            raise ValueError(
+                f"draft model max_position_embeddings {draft.max_position_embeddings} is below "
+                f"max_model_len {target.max_model_len}"
+            )
+        if draft_vocab != target.model_args.vocab_size:
+            raise ValueError(
+                f"draft model vocabulary ({draft_vocab} tokens) does not match the target's "
+                f"({target.model_args.vocab_size}); speculative decoding needs the same tokenizer"
+            )
+
+
+@dataclass
 class EngineConfig:
     model: str | os.PathLike | None = None  # checkpoint folder or .gguf file; None: the bundled default
     dtype: str = "float32"
@@ -24,6 +72,8 @@ class EngineConfig:
     kv_cache_memory_gb: float | None = None  # cap on KV-cache memory; None: max_num_seqs full slots
     num_threads: int | None = None  # torch threads on CPU; None: leave torch's default
     seed: int = 0  # for requests without their own seed
+    speculative_config: dict | None = None  # see SpeculativeConfig
+    speculative: SpeculativeConfig | None = field(init=False)
     model_path: Path = field(init=False)
     model_args: ModelArgs = field(init=False)
     hf_config: dict = field(init=False, repr=False)
@@ -66,6 +116,9 @@ class EngineConfig:
                     f"kv_cache_memory_gb={self.kv_cache_memory_gb} holds no sequence of max_model_len "
                     f"{self.max_model_len} ({per_slot / 2**30:.3f} GB each)"
                 )
+        self.speculative = None
+        if self.speculative_config is not None:
+            self.speculative = SpeculativeConfig.from_dict(self.speculative_config, self)
 
     @property
     def torch_dtype(self) -> torch.dtype:

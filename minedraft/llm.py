@@ -21,6 +21,10 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    def get_metrics(self) -> dict:
+        """Speculative-decoding counters (vLLM definitions); all zero without speculation."""
+        return self.engine.spec_metrics.as_dict()
+
     def generate(
         self,
         prompts: Prompt | list[Prompt],

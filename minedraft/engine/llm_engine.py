@@ -6,12 +6,14 @@ import time
 import torch
 
 from minedraft.config import EngineConfig
+from minedraft.drafters import DraftModelProposer
 from minedraft.engine.detokenizer import Detokenizer
+from minedraft.engine.metrics import SpecDecodeMetrics
 from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.engine.scheduler import Scheduler
-from minedraft.engine.sequence import RequestOutput, Sequence
+from minedraft.engine.sequence import RequestOutput, Sequence, Status
 from minedraft.models.loader import eos_token_ids, load_model, load_tokenizer
-from minedraft.sampling import SamplingParams, make_generator, probabilities, sample
+from minedraft.sampling import SamplingParams, make_generator, probabilities, rejection_sample, sample
 
 
 class LLMEngine:
@@ -19,9 +21,15 @@ class LLMEngine:
         self.config = config
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
-        device = torch.device(config.device)
-        model = load_model(config.model_path, config.torch_dtype, device)
-        self.runner = ModelRunner(model, config.num_slots, config.max_model_len, config.torch_dtype, device)
+        device, dtype = torch.device(config.device), config.torch_dtype
+        model = load_model(config.model_path, dtype, device)
+        self.runner = ModelRunner(model, config.num_slots, config.max_model_len, dtype, device)
+        self.proposer = None
+        self.spec_metrics = SpecDecodeMetrics()
+        spec = config.speculative
+        if spec is not None:
+            draft = model if spec.model == "self" else load_model(spec.model_path, dtype, device)
+            self.proposer = DraftModelProposer(draft, config.num_slots, config.max_model_len, dtype, device)
         self.scheduler = Scheduler(self.runner.cache, config.max_num_batched_tokens)
         self.tokenizer = load_tokenizer(config.model_path)
         self.detokenizer = Detokenizer(self.tokenizer)
@@ -29,6 +37,7 @@ class LLMEngine:
         self.generator = make_generator(config.seed)
         self.requests: dict[str, list[Sequence]] = {}
         self._ids = itertools.count()
+        self._seq_ids = itertools.count()
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -68,7 +77,8 @@ class LLMEngine:
         seqs = []
         for i in range(params.n):
             gen = None if params.seed is None else make_generator(params.seed + i)
-            seq = Sequence(request_id, i, text, token_ids, params, gen, self.detokenizer.start(len(token_ids)))
+            seq = Sequence(next(self._seq_ids), request_id, i, text, token_ids, params, gen,
+                           self.detokenizer.start(len(token_ids)))
             self.scheduler.add(seq)
             seqs.append(seq)
         self.requests[request_id] = seqs
@@ -76,7 +86,13 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> None:
         for seq in self.requests.pop(request_id, []):
-            self.scheduler.finish(seq, "abort")
+            self._finish(seq, "abort")
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.finish_time = time.perf_counter()
+        self.scheduler.finish(seq, reason)
+        if self.proposer is not None:
+            self.proposer.release(seq)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
@@ -84,29 +100,59 @@ class LLMEngine:
     # -- the step ---------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """One prefill or decode step; returns the state of every request that advanced."""
-        seqs, _ = self.scheduler.schedule()
+        """One prefill, decode or speculative step; returns the state of every request that advanced."""
+        seqs, prefill = self.scheduler.schedule()
         if not seqs:
             return []
+        if prefill or self.proposer is None:
+            self._decode(seqs)
+        else:
+            self._speculate(seqs)
+        return self._outputs(seqs)
+
+    def _sampling_generator(self, seq: Sequence) -> torch.Generator | None:
+        """The request's own generator, the engine's for unseeded requests, None for greedy ones."""
+        return None if seq.params.greedy else seq.generator or self.generator
+
+    def _decode(self, seqs: list[Sequence]) -> None:
         lengths = self.runner.cache.lengths
         logits = self.runner.forward([Row(s.slot, s.tokens_from(lengths[s.slot])) for s in seqs])
         probs = probabilities(logits, [s.params for s in seqs])
-        tokens = sample(probs, [s.generator or self.generator for s in seqs])
+        tokens = sample(probs, [self._sampling_generator(s) for s in seqs])
         for seq, token in zip(seqs, tokens):
             self.append_tokens(seq, [token])
-        return self._outputs(seqs)
+
+    def _draft_len(self, seq: Sequence) -> int:
+        """k, less near the end: a round emits at most k + 1 tokens and must fit in the context."""
+        room = min(seq.params.max_tokens - len(seq.output_token_ids), self.config.max_model_len - len(seq))
+        return max(0, min(self.config.speculative.num_speculative_tokens, room - 1))
+
+    def _speculate(self, seqs: list[Sequence]) -> None:
+        """Draft, verify every row's drafts in one target pass, keep what rejection sampling accepts."""
+        gens = [self._sampling_generator(s) for s in seqs]
+        drafts, dists = self.proposer.propose(seqs, [self._draft_len(s) for s in seqs], gens)
+        cache = self.runner.cache
+        rows = [Row(s.slot, s.tokens_from(cache.lengths[s.slot]) + d, len(d) + 1) for s, d in zip(seqs, drafts)]
+        logits = self.runner.forward(rows)
+        params = [s.params for s, d in zip(seqs, drafts) for _ in range(len(d) + 1)]
+        targets = probabilities(logits, params).split([len(d) + 1 for d in drafts])
+        for seq, d, q, p, gen in zip(seqs, drafts, dists, targets, gens):
+            tokens = rejection_sample(p, q, d, gen)
+            self.spec_metrics.observe(len(d), len(tokens) - 1)
+            self.append_tokens(seq, tokens)
+            if seq.status != Status.FINISHED:  # drop KV entries of rejected drafts, in both models
+                cache.truncate(seq.slot, len(seq) - 1)
+                self.proposer.rollback(seq)
 
     def append_tokens(self, seq: Sequence, tokens: list[int]) -> None:
         """Append generated tokens one by one, stopping (and freeing the slot) at the first stop."""
-        now = time.perf_counter()
         if seq.first_token_time is None:
-            seq.first_token_time = now
+            seq.first_token_time = time.perf_counter()
         for token in tokens:
             seq.output_token_ids.append(token)
             reason = self._stop_reason(seq, token)
             if reason is not None:
-                seq.finish_time = now
-                self.scheduler.finish(seq, reason)
+                self._finish(seq, reason)
                 return
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:

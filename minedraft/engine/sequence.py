@@ -18,6 +18,7 @@ class Status(enum.Enum):
 
 @dataclass
 class Sequence:
+    seq_id: int  # unique per engine; workers key their state by it
     request_id: str
     index: int  # which of the request's n completions
     prompt: str | None

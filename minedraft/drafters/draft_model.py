@@ -1,0 +1,62 @@
+"""Draft tokens from a draft model that keeps its own KV slot per sequence."""
+
+import torch
+
+from minedraft.engine.model_runner import ModelRunner, Row
+from minedraft.engine.sequence import Sequence
+from minedraft.models.llama import Decoder
+from minedraft.sampling import probabilities, sample
+
+
+class DraftModelProposer:
+    """Proposes tokens by sampling a draft model autoregressively.
+
+    Each sequence gets a drafter KV slot on first use (keyed by its seq_id). The drafter catches up
+    on whatever it has not seen: the prompt on the first call, then normally one token, or two when
+    all drafts were accepted last round (the last draft was never fed to it).
+    """
+
+    def __init__(self, model: Decoder, num_slots: int, max_len: int, dtype: torch.dtype, device: torch.device):
+        self.runner = ModelRunner(model, num_slots, max_len, dtype, device)
+        self.slots: dict[int, int] = {}
+
+    def propose(
+        self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None]
+    ) -> tuple[list[list[int]], list[torch.Tensor]]:
+        """Drafts per sequence (num_tokens[i] of them) and the distributions they were drawn from."""
+        drafts: list[list[int]] = [[] for _ in seqs]
+        dists: list[list[torch.Tensor]] = [[] for _ in seqs]
+        active = [i for i, n in enumerate(num_tokens) if n > 0]
+        cache = self.runner.cache
+        for i in active:
+            if seqs[i].seq_id not in self.slots:
+                self.slots[seqs[i].seq_id] = cache.allocate()
+        pending = {i: seqs[i].tokens_from(cache.lengths[self.slots[seqs[i].seq_id]]) for i in active}
+        # Long catch-ups (prompts) run on their own, so short rows are not padded to a prompt's length.
+        long = [i for i in active if len(pending[i]) > 2]
+        if long:
+            self.runner.forward([Row(self.slots[seqs[i].seq_id], pending[i][:-1]) for i in long])
+            for i in long:
+                pending[i] = pending[i][-1:]
+        while active:
+            logits = self.runner.forward([Row(self.slots[seqs[i].seq_id], pending[i]) for i in active])
+            probs = probabilities(logits, [seqs[i].params for i in active])
+            tokens = sample(probs, [generators[i] for i in active])
+            for j, i in enumerate(active):
+                drafts[i].append(tokens[j])
+                dists[i].append(probs[j])
+                pending[i] = [tokens[j]]
+            active = [i for i in active if len(drafts[i]) < num_tokens[i]]
+        return drafts, [torch.stack(d) if d else None for d in dists]
+
+    def rollback(self, seq: Sequence) -> None:
+        """Forget drafter KV entries past the sequence's verified tokens (all but the newest)."""
+        slot = self.slots.get(seq.seq_id)
+        if slot is not None:
+            cache = self.runner.cache
+            cache.truncate(slot, min(cache.lengths[slot], len(seq) - 1))
+
+    def release(self, seq: Sequence) -> None:
+        slot = self.slots.pop(seq.seq_id, None)
+        if slot is not None:
+            self.runner.cache.free(slot)
