@@ -1,0 +1,162 @@
+"""Standard speculative decoding (`sd`): greedy equality with AR, distribution, metrics, config."""
+
+import pytest
+import torch
+
+from conftest import save_tiny_checkpoint
+from minedraft import LLM, SamplingParams
+from minedraft.engine.metrics import SpecDecodeMetrics
+from minedraft.engine.model_runner import ModelRunner, Row
+from minedraft.models.loader import load_model
+
+PROMPTS = [[5, 17, 3, 44, 9, 2, 61], [8], [90, 12, 33, 33, 1, 7, 7, 7, 70, 4, 11, 2, 3], [40, 41], [66] * 20]
+
+
+def token_ids(outputs):
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def tiny_draft(tmp_path_factory):
+    # Another random model with the same vocabulary: it agrees with the target only sometimes.
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_draft"), "llama", seed=1, num_hidden_layers=1)
+
+
+@pytest.fixture(scope="module")
+def ar(tiny_llama):
+    return LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=96)
+
+
+def greedy_params():
+    # Different lengths: rows finish at different steps, some inside a round of drafts.
+    return [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (23, 40, 7, 31, 12)]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+def test_greedy_sd_equals_ar(ar, tiny_llama, tiny_draft, k):
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    expected = token_ids(ar.generate(prompts, greedy_params(), use_tqdm=False))
+    sd = LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=96,
+             speculative_config={"model": str(tiny_draft), "num_speculative_tokens": k})
+    assert token_ids(sd.generate(prompts, greedy_params(), use_tqdm=False)) == expected
+    m = sd.get_metrics()
+    assert 0 < m["acceptance_rate"] < 1  # the test exercises both acceptance and rejection
+    assert sd.engine.runner.cache.num_free == 4 and sd.engine.proposer.runner.cache.num_free == 4
+
+
+def test_greedy_sd_stops_at_max_model_len(tiny_llama, tiny_draft):
+    prompts = [{"prompt_token_ids": PROMPTS[4]}]
+    params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+    kwargs = dict(dtype="float64", max_num_seqs=2, max_model_len=33)
+    ar = LLM(str(tiny_llama), **kwargs)
+    sd = LLM(str(tiny_llama), **kwargs, speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 5})
+    assert token_ids(sd.generate(prompts, params, use_tqdm=False)) == token_ids(ar.generate(prompts, params, use_tqdm=False))
+    assert len(token_ids(sd.generate(prompts, params, use_tqdm=False))[0]) == 33 - 20
+
+
+def test_self_drafting_accepts_everything_and_metrics_are_exact(tiny_llama):
+    sd = LLM(str(tiny_llama), dtype="float64", max_num_seqs=2, max_model_len=64,
+             speculative_config={"model": "self", "num_speculative_tokens": 3})
+    # 9 tokens: 1 from prefill, then two rounds of 3 accepted drafts + 1 bonus token.
+    sd.generate([{"prompt_token_ids": PROMPTS[0]}], SamplingParams(temperature=0, max_tokens=9, ignore_eos=True),
+                use_tqdm=False)
+    assert sd.get_metrics() == {"num_drafts": 2, "num_draft_tokens": 6, "num_accepted_tokens": 6,
+                                "accepted_per_position": [2, 2, 2], "acceptance_rate": 1.0,
+                                "mean_acceptance_length": 4.0}
+
+
+def test_metrics_arithmetic():
+    m = SpecDecodeMetrics()
+    for drafted, accepted in [(4, 0), (4, 2), (4, 4), (2, 1), (0, 0)]:
+        m.observe(drafted, accepted)
+    assert m.as_dict() == {"num_drafts": 4, "num_draft_tokens": 14, "num_accepted_tokens": 7,
+                           "accepted_per_position": [3, 2, 1, 1], "acceptance_rate": 0.5,
+                           "mean_acceptance_length": 2.75}
+
+
+def test_seeded_sd_is_reproducible(tiny_llama, tiny_draft):
+    def run():
+        sd = LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=96,
+                 speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 3})
+        params = SamplingParams(temperature=1.0, top_k=20, seed=11, max_tokens=25, ignore_eos=True)
+        return token_ids(sd.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False))
+
+    assert run() == run()
+
+
+def exact_second_token_distribution(folder, prompt):
+    """P(second output token) under the target at temperature 1: sum over the first token."""
+    model = load_model(folder, torch.float64, torch.device("cpu"))
+    vocab = model.args.vocab_size
+    runner = ModelRunner(model, vocab, 64, torch.float64, torch.device("cpu"))
+    slot = runner.cache.allocate()
+    first = torch.softmax(runner.forward([Row(slot, prompt)])[0], -1)
+    slots = [runner.cache.allocate() for _ in range(vocab - 1)]
+    rows = [Row(slot, [0])] + [Row(s, prompt + [y]) for s, y in zip(slots, range(1, vocab))]
+    runner.cache.truncate(slot, len(prompt))
+    second = torch.softmax(runner.forward(rows), -1)
+    return first @ second
+
+
+def second_token_histogram(llm, prompt, n, vocab):
+    params = SamplingParams(n=n, temperature=1.0, max_tokens=4, ignore_eos=True, seed=123)
+    out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+    counts = torch.bincount(torch.tensor([o.token_ids[1] for o in out.outputs]), minlength=vocab)
+    return counts.double() / n
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair(tmp_path_factory):
+    """Target and draft with 12 tokens: few categories keep the sampling noise low."""
+    root = tmp_path_factory.mktemp("small_vocab")
+    return (save_tiny_checkpoint(root / "target", "llama", vocab_size=12),
+            save_tiny_checkpoint(root / "draft", "llama", seed=3, vocab_size=12, num_hidden_layers=1))
+
+
+def test_sd_samples_the_targets_distribution(small_vocab_pair):
+    """At temperature 1 the second token (the first one speculation produces) follows the target's
+    exact distribution; the draft's own distribution is far from it, so a sampler that leaned on
+    the draft would fail."""
+    target, draft = small_vocab_pair
+    prompt = [1, 5, 7, 2]
+    exact = exact_second_token_distribution(target, prompt)
+    draft_exact = exact_second_token_distribution(draft, prompt)
+    sd = LLM(str(target), dtype="float64", max_num_seqs=64, max_model_len=32,
+             speculative_config={"model": str(draft), "num_speculative_tokens": 2})
+    n = 6000
+    empirical = second_token_histogram(sd, prompt, n, exact.numel())
+    tv = 0.5 * (empirical - exact).abs().sum().item()
+    tv_draft = 0.5 * (draft_exact - exact).abs().sum().item()
+    # Expected TV of n exact samples: 0.5 * sum_i E|p_hat_i - p_i| ~ 0.5 * sum_i sqrt(2 p_i (1 - p_i) / (pi n)).
+    noise = 0.5 * torch.sqrt(2 * exact * (1 - exact) / (torch.pi * n)).sum().item()
+    assert sd.get_metrics()["num_accepted_tokens"] > 0
+    assert tv < 1.5 * noise, (tv, noise)
+    assert tv_draft > 4 * noise, (tv_draft, noise)
+
+
+@pytest.mark.parametrize("spec,message", [
+    ({"model": "self", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+    ({"model": "self", "num_speculative_tokens": 17}, "num_speculative_tokens"),
+    ({"model": "self", "num_speculative_tokens": 2, "bogus": 1}, "unknown speculative_config key 'bogus'"),
+    ({"model": "self"}, "num_speculative_tokens"),
+    ({"model": "self", "num_speculative_tokens": 2, "method": "eagle"}, "method"),
+    ({"model": "/no/such/draft", "num_speculative_tokens": 2}, "does not exist"),
+])
+def test_bad_speculative_config_is_named(tiny_llama, spec, message):
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        LLM(str(tiny_llama), dtype="float64", speculative_config=spec)
+
+
+def test_draft_vocabulary_must_match(tiny_llama, tmp_path):
+    other = save_tiny_checkpoint(tmp_path, "llama", vocab_size=50)
+    with pytest.raises(ValueError, match="vocabulary"):
+        LLM(str(tiny_llama), speculative_config={"model": str(other), "num_speculative_tokens": 2})
+
+
+def test_self_drafting_on_smollm2_accepts_nearly_everything(smollm2_path):
+    sd = LLM(str(smollm2_path), max_num_seqs=4, max_model_len=256,
+             speculative_config={"model": "self", "num_speculative_tokens": 4})
+    prompts = [[{"role": "user", "content": q}] for q in
+               ("What is the capital of France?", "Name three colours.", "Write a haiku about the sea.")]
+    sd.chat(prompts, SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)
+    assert sd.get_metrics()["acceptance_rate"] >= 0.99
