@@ -16,14 +16,58 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch
 @dataclass
 class SpeculativeConfig:
     """vLLM-style `speculative_config`: {"method": "draft_model", "model": PATH | "self",
-    "num_speculative_tokens": k}. "self" drafts with the target's own weights."""
+    "num_speculative_tokens": k}, plus where the drafter runs:
+
+    - neither `draft_device` nor `parallel`: standard SD, drafter in the engine's process;
+    - `draft_device` without `parallel`: the drafter in its own process, strictly draft-then-verify;
+    - `parallel: true`: batch parallel SD (PSD), drafter in its own process, overlapped.
+    On CPU the engine's process takes `target_cpus` and the drafter `draft_cpus` (default: core 0
+    and core 1). `rendezvous` is the torch.distributed address ("tcp://host:port"; default: a free
+    local port); `draft_timeout_s` bounds the wait for drafts before the drafter counts as failed.
+    """
 
     num_speculative_tokens: int
     method: str = "draft_model"
     model: str | None = None
+    parallel: bool = False
+    draft_device: str | None = None
+    target_cpus: list[int] | None = None
+    draft_cpus: list[int] | None = None
+    rendezvous: str | None = None
+    draft_timeout_s: float = 60.0
     model_path: Path = field(init=False)
 
-    KEYS = ("method", "model", "num_speculative_tokens")
+    KEYS = ("method", "model", "num_speculative_tokens", "parallel", "draft_device", "target_cpus",
+            "draft_cpus", "rendezvous", "draft_timeout_s")
+
+    @property
+    def remote(self) -> bool:
+        """Whether the drafter runs in its own process."""
+        return self.parallel or self.draft_device is not None
+
+    def _validate_placement(self, target: "EngineConfig") -> None:
+        if self.draft_device is None:
+            self.draft_device = target.device
+        try:
+            device = torch.device(self.draft_device)
+        except RuntimeError:
+            raise ValueError(f"speculative_config draft_device {self.draft_device!r} is not a torch device") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"speculative_config draft_device {self.draft_device!r} asked for but CUDA is not available")
+        available = sorted(os.sched_getaffinity(0))
+        if device.type == "cpu" and torch.device(target.device).type == "cpu":
+            if self.target_cpus is None and self.draft_cpus is None and len(available) >= 2:
+                self.target_cpus, self.draft_cpus = available[:1], available[1:2]
+        for name in ("target_cpus", "draft_cpus"):
+            cpus = getattr(self, name)
+            if cpus is not None and (not isinstance(cpus, list) or not cpus or any(c not in available for c in cpus)):
+                raise ValueError(f"speculative_config {name} must be a non-empty list of cores from {available}, got {cpus!r}")
+        if self.target_cpus and self.draft_cpus and set(self.target_cpus) & set(self.draft_cpus):
+            raise ValueError("speculative_config target_cpus and draft_cpus overlap; give each model its own cores")
+        if self.rendezvous is not None and not str(self.rendezvous).startswith("tcp://"):
+            raise ValueError(f"speculative_config rendezvous must look like 'tcp://host:port', got {self.rendezvous!r}")
+        if not isinstance(self.draft_timeout_s, (int, float)) or self.draft_timeout_s <= 0:
+            raise ValueError(f"speculative_config draft_timeout_s must be > 0, got {self.draft_timeout_s!r}")
 
     @classmethod
     def from_dict(cls, spec: dict, target: "EngineConfig") -> "SpeculativeConfig":
@@ -46,6 +90,10 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config method must be 'draft_model', got {self.method!r}")
         if self.model is None:
             raise ValueError("speculative_config needs 'model': a draft checkpoint, or 'self' to draft with the target")
+        if not isinstance(self.parallel, bool):
+            raise ValueError(f"speculative_config parallel must be true or false, got {self.parallel!r}")
+        if self.remote:
+            self._validate_placement(target)
         self.model_path = target.model_path if self.model == "self" else resolve_model(self.model)
         draft = ModelArgs.from_hf(read_config(self.model_path))
         draft_vocab = draft.vocab_size
@@ -73,6 +121,7 @@ class EngineConfig:
     num_threads: int | None = None  # torch threads on CPU; None: leave torch's default
     seed: int = 0  # for requests without their own seed
     speculative_config: dict | None = None  # see SpeculativeConfig
+    trace: bool = False  # record a per-step timeline of verification and drafting (engine.trace)
     speculative: SpeculativeConfig | None = field(init=False)
     model_path: Path = field(init=False)
     model_args: ModelArgs = field(init=False)

@@ -8,17 +8,32 @@ from minedraft.models.llama import Decoder
 from minedraft.sampling import probabilities, sample
 
 
+def kept_tokens(seq: Sequence, view: tuple[int, list[int]] | None) -> int:
+    """How many tokens of a drafter's view of `seq` are still the sequence's tokens. The view is
+    (tokens it had seen, drafts it made after them); None when it has not seen `seq`."""
+    if view is None:
+        return 0
+    base, drafts = view
+    actual = seq.tokens_from(base)
+    kept = 0
+    while kept < min(len(drafts), len(actual)) and drafts[kept] == actual[kept]:
+        kept += 1
+    return base + kept
+
+
 class DraftModelProposer:
     """Proposes tokens by sampling a draft model autoregressively.
 
-    Each sequence gets a drafter KV slot on first use (keyed by its seq_id). The drafter catches up
-    on whatever it has not seen: the prompt on the first call, then normally one token, or two when
-    all drafts were accepted last round (the last draft was never fed to it).
+    Each sequence gets a drafter KV slot on first use (keyed by its seq_id). Each round the drafter
+    keeps the KV entries of tokens that are still the sequence's (its accepted drafts included) and
+    catches up on the rest: the prompt on the first call, then normally one token, or two when all
+    drafts were accepted (the last draft was never fed to it).
     """
 
     def __init__(self, model: Decoder, num_slots: int, max_len: int, dtype: torch.dtype, device: torch.device):
         self.runner = ModelRunner(model, num_slots, max_len, dtype, device)
         self.slots: dict[int, int] = {}
+        self.views: dict[int, tuple[int, list[int]]] = {}
 
     def propose(
         self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None]
@@ -29,8 +44,12 @@ class DraftModelProposer:
         active = [i for i, n in enumerate(num_tokens) if n > 0]
         cache = self.runner.cache
         for i in active:
-            if seqs[i].seq_id not in self.slots:
-                self.slots[seqs[i].seq_id] = cache.allocate()
+            seq = seqs[i]
+            if seq.seq_id not in self.slots:
+                self.slots[seq.seq_id] = cache.allocate()
+            # Drop KV entries of drafts the target rejected since the last round.
+            slot = self.slots[seq.seq_id]
+            cache.truncate(slot, min(cache.lengths[slot], kept_tokens(seq, self.views.get(seq.seq_id))))
         pending = {i: seqs[i].tokens_from(cache.lengths[self.slots[seqs[i].seq_id]]) for i in active}
         # Long catch-ups (prompts) run on their own, so short rows are not padded to a prompt's length.
         long = [i for i in active if len(pending[i]) > 2]
@@ -47,16 +66,13 @@ class DraftModelProposer:
                 dists[i].append(probs[j])
                 pending[i] = [tokens[j]]
             active = [i for i in active if len(drafts[i]) < num_tokens[i]]
+        for seq, d in zip(seqs, drafts):
+            if d:
+                self.views[seq.seq_id] = (len(seq), d)
         return drafts, [torch.stack(d) if d else None for d in dists]
 
-    def rollback(self, seq: Sequence) -> None:
-        """Forget drafter KV entries past the sequence's verified tokens (all but the newest)."""
-        slot = self.slots.get(seq.seq_id)
-        if slot is not None:
-            cache = self.runner.cache
-            cache.truncate(slot, min(cache.lengths[slot], len(seq) - 1))
-
     def release(self, seq: Sequence) -> None:
+        self.views.pop(seq.seq_id, None)
         slot = self.slots.pop(seq.seq_id, None)
         if slot is not None:
             self.runner.cache.free(slot)

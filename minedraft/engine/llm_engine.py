@@ -1,12 +1,16 @@
 """The step loop: schedule, run the model, sample, append, stop."""
 
 import itertools
+import logging
 import time
 
 import torch
 
 from minedraft.config import EngineConfig
 from minedraft.drafters import DraftModelProposer
+from minedraft.drafters.remote import RemoteDrafter, WorkerArgs, free_port, pin
+from minedraft.drafters.transport import DrafterError
+from minedraft.engine.batch_manager import BatchManager
 from minedraft.engine.detokenizer import Detokenizer
 from minedraft.engine.metrics import SpecDecodeMetrics
 from minedraft.engine.model_runner import ModelRunner, Row
@@ -16,20 +20,34 @@ from minedraft.models.loader import eos_token_ids, load_model, load_tokenizer
 from minedraft.sampling import SamplingParams, make_generator, probabilities, rejection_sample, sample
 
 
+log = logging.getLogger("minedraft")
+
+
 class LLMEngine:
+    """Modes: `ar` (no speculative_config), `sd` (drafter in this process, or in its own process
+    strictly draft-then-verify), `psd` (drafter in its own process, two sub-batches overlapped)."""
+
     def __init__(self, config: EngineConfig):
         self.config = config
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         device, dtype = torch.device(config.device), config.torch_dtype
+        spec = config.speculative
+        self.proposer: DraftModelProposer | RemoteDrafter | None = None
+        if spec is not None and spec.remote:
+            pin(tuple(spec.target_cpus) if spec.target_cpus else None)
+            init = spec.rendezvous or f"tcp://127.0.0.1:{free_port()}"
+            self.proposer = RemoteDrafter(
+                WorkerArgs(str(spec.model_path), config.dtype, spec.draft_device, config.num_slots,
+                           config.max_model_len, spec.draft_cpus, init, config.seed + 1), spec.draft_timeout_s)
         model = load_model(config.model_path, dtype, device)
         self.runner = ModelRunner(model, config.num_slots, config.max_model_len, dtype, device)
-        self.proposer = None
-        self.spec_metrics = SpecDecodeMetrics()
-        spec = config.speculative
-        if spec is not None:
+        if spec is not None and not spec.remote:
             draft = model if spec.model == "self" else load_model(spec.model_path, dtype, device)
             self.proposer = DraftModelProposer(draft, config.num_slots, config.max_model_len, dtype, device)
+        self.batches = BatchManager() if spec is not None and spec.parallel else None
+        self.spec_metrics = SpecDecodeMetrics()
+        self.trace: list[dict] | None = [] if config.trace else None
         self.scheduler = Scheduler(self.runner.cache, config.max_num_batched_tokens)
         self.tokenizer = load_tokenizer(config.model_path)
         self.detokenizer = Detokenizer(self.tokenizer)
@@ -93,6 +111,14 @@ class LLMEngine:
         self.scheduler.finish(seq, reason)
         if self.proposer is not None:
             self.proposer.release(seq)
+        if self.batches is not None:
+            self.batches.forget(seq)
+
+    def close(self) -> None:
+        """Stop the drafter process, if there is one."""
+        if isinstance(self.proposer, RemoteDrafter):
+            self.proposer.close()
+        self.proposer = None
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
@@ -106,9 +132,26 @@ class LLMEngine:
             return []
         if prefill or self.proposer is None:
             self._decode(seqs)
-        else:
-            self._speculate(seqs)
+            return self._outputs(seqs)
+        try:
+            if self.batches is not None:
+                seqs = self._parallel_step(seqs)
+            else:
+                self._speculate(seqs)
+        except DrafterError as e:
+            self._drafter_failed(e)
+            self._decode(seqs)
+        if isinstance(self.proposer, RemoteDrafter):
+            self.proposer.flush()
         return self._outputs(seqs)
+
+    def _drafter_failed(self, error: Exception) -> None:
+        """Carry on without speculation: drafts in flight are dropped, nothing else was touched."""
+        log.error("drafter failed, continuing without speculation: %s", error)
+        self.spec_metrics.drafter_failures += 1
+        self.proposer.close()
+        self.proposer = None
+        self.batches = None
 
     def _sampling_generator(self, seq: Sequence) -> torch.Generator | None:
         """The request's own generator, the engine's for unseeded requests, None for greedy ones."""
@@ -128,21 +171,67 @@ class LLMEngine:
         return max(0, min(self.config.speculative.num_speculative_tokens, room - 1))
 
     def _speculate(self, seqs: list[Sequence]) -> None:
-        """Draft, verify every row's drafts in one target pass, keep what rejection sampling accepts."""
+        """Standard SD: draft for every running sequence, then verify them all."""
         gens = [self._sampling_generator(s) for s in seqs]
+        start = time.time()
         drafts, dists = self.proposer.propose(seqs, [self._draft_len(s) for s in seqs], gens)
+        self._event("draft", 0, len(seqs), start, time.time())
+        self._verify(seqs, drafts, dists, group=0)
+        self.spec_metrics.num_steps += 1
+
+    def _parallel_step(self, running: list[Sequence]) -> list[Sequence]:
+        """PSD: collect the in-flight sub-batch's drafts, start drafting the other sub-batch, then
+        verify the first while the drafter works. Returns the verified sequences."""
+        batches, drafter = self.batches, self.proposer
+        batches.assign(running)
+        x = batches.in_flight
+        if x is None:  # nothing drafted yet (first step, or one sub-batch ran empty): no overlap
+            x = 0 if batches.members(running, 0) else 1
+            self._submit(batches.members(running, x))
+        drafted = len(drafter.in_flight)
+        drafts = drafter.collect()
+        self._event("draft", x, drafted, *drafter.last_span)
+        others = batches.members(running, 1 - x)
+        if others:
+            self._submit(others)
+        batches.in_flight = 1 - x if others else None
+        verified = batches.members(running, x)
+        self._verify(verified, *zip(*(drafts.get(s.seq_id, ([], None)) for s in verified)), group=x)
+        self.spec_metrics.num_steps += 1
+        self.spec_metrics.num_overlapped_steps += bool(others)
+        batches.rebalance(self.scheduler.running, x)
+        return verified
+
+    def _submit(self, seqs: list[Sequence]) -> None:
+        self.proposer.submit(seqs, [self._draft_len(s) for s in seqs])
+
+    def _verify(self, seqs: list[Sequence], drafts: list[list[int]], dists: list[torch.Tensor | None],
+                group: int) -> None:
+        """One target pass over every row's drafts; keep what rejection sampling accepts."""
+        if not seqs:
+            return
+        start = time.time()
+        gens = [self._sampling_generator(s) for s in seqs]
         cache = self.runner.cache
         rows = [Row(s.slot, s.tokens_from(cache.lengths[s.slot]) + d, len(d) + 1) for s, d in zip(seqs, drafts)]
         logits = self.runner.forward(rows)
         params = [s.params for s, d in zip(seqs, drafts) for _ in range(len(d) + 1)]
         targets = probabilities(logits, params).split([len(d) + 1 for d in drafts])
+        accepted = []
         for seq, d, q, p, gen in zip(seqs, drafts, dists, targets, gens):
             tokens = rejection_sample(p, q, d, gen)
+            accepted.append(len(tokens) - 1)
             self.spec_metrics.observe(len(d), len(tokens) - 1)
             self.append_tokens(seq, tokens)
-            if seq.status != Status.FINISHED:  # drop KV entries of rejected drafts, in both models
+            if seq.status != Status.FINISHED:  # drop the target's KV entries of rejected drafts
                 cache.truncate(seq.slot, len(seq) - 1)
-                self.proposer.rollback(seq)
+        self._event("verify", group, len(seqs), start, time.time(), accepted=accepted)
+
+    def _event(self, kind: str, group: int, size: int, start: float, end: float, **extra) -> None:
+        """Append to the opt-in step trace: who (target: verify, drafter: draft) worked on which
+        sub-batch of how many sequences, from when to when (wall-clock seconds)."""
+        if self.trace is not None:
+            self.trace.append({"kind": kind, "group": group, "size": size, "start": start, "end": end, **extra})
 
     def append_tokens(self, seq: Sequence, tokens: list[int]) -> None:
         """Append generated tokens one by one, stopping (and freeing the slot) at the first stop."""

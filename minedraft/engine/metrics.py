@@ -9,6 +9,9 @@ class SpecDecodeMetrics:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: drafts whose i-th token was kept
+    num_steps: int = 0  # speculative steps (each verifies one batch or sub-batch)
+    num_overlapped_steps: int = 0  # PSD steps whose verification ran beside drafting
+    drafter_failures: int = 0
 
     def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
         if num_draft_tokens == 0:
@@ -29,4 +32,7 @@ class SpecDecodeMetrics:
             "accepted_per_position": list(self.accepted_per_position),
             "acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0,
             "mean_acceptance_length": 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0,
+            "num_steps": self.num_steps,
+            "num_overlapped_steps": self.num_overlapped_steps,
+            "drafter_failures": self.drafter_failures,
         }

@@ -1,0 +1,196 @@
+"""The drafter in its own process, on its own cores or GPU, reached through torch.distributed.
+
+`RemoteDrafter` (in the engine) sends draft requests keyed by sequence id and collects the drafts;
+`worker_main` (in the drafter process) keeps a mirror of each sequence's tokens and a
+`DraftModelProposer` over its own KV cache. Each request carries only what the drafter has not
+seen: how many of its tokens are still valid, and the tokens after them.
+"""
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from minedraft.drafters.draft_model import DraftModelProposer, kept_tokens
+from minedraft.drafters.transport import DrafterError, recv_message, send_message
+from minedraft.engine.sequence import Sequence
+from minedraft.sampling import make_generator
+
+ENGINE, DRAFTER = 0, 1
+
+
+@dataclass(frozen=True)
+class WorkerArgs:
+    model_path: str
+    dtype: str  # a name in minedraft.config.DTYPES
+    device: str
+    num_slots: int
+    max_len: int
+    cpus: list[int] | None
+    init_method: str
+    seed: int
+
+
+def pin(cpus: tuple[int, ...] | None) -> None:
+    """Bind this process to `cpus` with one torch thread per core."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+        torch.set_num_threads(len(cpus))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_main(args: WorkerArgs) -> None:
+    from minedraft.config import DTYPES
+    from minedraft.models.loader import load_model
+
+    pin(args.cpus)
+    dist.init_process_group("gloo", init_method=args.init_method, rank=DRAFTER, world_size=2,
+                            timeout=timedelta(hours=24))
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    proposer = DraftModelProposer(load_model(Path(args.model_path), dtype, device), args.num_slots,
+                                  args.max_len, dtype, device)
+    mirrors: dict[int, Sequence] = {}
+    default_gen = make_generator(args.seed)
+    send_message({"ready": True}, [], ENGINE)
+    while True:
+        header, _ = recv_message(ENGINE)
+        for seq_id in header.get("release", ()):
+            if seq_id in mirrors:
+                proposer.release(mirrors.pop(seq_id))
+        op = header["op"]
+        if op == "stop":
+            break
+        if op == "stats":
+            send_message({"free_slots": proposer.runner.cache.num_free, "sequences": len(mirrors)}, [], ENGINE)
+        elif op == "draft":
+            start = time.time()
+            seqs, num_tokens, gens = [], [], []
+            for seq_id, keep, new_tokens, k, params, gen_seed in header["seqs"]:
+                seq = mirrors.get(seq_id)
+                if seq is None:
+                    gen = None if gen_seed is None else make_generator(gen_seed)
+                    seq = mirrors[seq_id] = Sequence(seq_id, "", 0, None, [], params, gen, None)
+                del seq.output_token_ids[keep:]
+                seq.output_token_ids += new_tokens
+                seqs.append(seq)
+                num_tokens.append(k)
+                gens.append(None if params.greedy else seq.generator or default_gen)
+            drafts, dists = proposer.propose(seqs, num_tokens, gens)
+            for seq, d in zip(seqs, drafts):
+                seq.output_token_ids += d  # the mirror now holds what the drafter assumed
+            sampled = [q for q, g in zip(dists, gens) if q is not None and g is not None]
+            tensors = [torch.cat(sampled)] if sampled else []
+            send_message({"drafts": drafts, "start": start, "end": time.time()}, tensors, ENGINE)
+    dist.destroy_process_group()
+
+
+class RemoteDrafter:
+    """Engine-side handle on the drafter process: submit a sub-batch, later collect its drafts."""
+
+    def __init__(self, args: WorkerArgs, timeout_s: float, ready_timeout_s: float = 300.0):
+        self.timeout_s = timeout_s
+        # A fresh interpreter (not multiprocessing's spawn) so the user's __main__ is never re-run;
+        # the same command could start the drafter on another host.
+        command = [sys.executable, "-m", "minedraft.drafters.remote", json.dumps(dataclasses.asdict(args))]
+        self.process = subprocess.Popen(command)
+        try:
+            dist.init_process_group("gloo", init_method=args.init_method, rank=ENGINE, world_size=2,
+                                    timeout=timedelta(seconds=ready_timeout_s))
+            recv_message(DRAFTER, ready_timeout_s)
+        except (DrafterError, RuntimeError) as e:
+            self.close()
+            raise DrafterError(f"drafter process failed to start: {e}") from None
+        self.views: dict[int, tuple[int, list[int]]] = {}  # seq_id -> (tokens it saw, drafts it made)
+        self.released: list[int] = []
+        self.in_flight: list[Sequence] | None = None
+        self.last_span: tuple[float, float] | None = None
+
+    def propose(
+        self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None]
+    ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+        """Draft-then-wait, the in-process proposer's interface (the drafter samples with its own
+        generators, so `generators` is not used)."""
+        self.submit(seqs, num_tokens)
+        out = self.collect()
+        return [out[s.seq_id][0] for s in seqs], [out[s.seq_id][1] for s in seqs]
+
+    def submit(self, seqs: list[Sequence], num_tokens: list[int]) -> None:
+        """Start drafting for `seqs`; the drafter seeds seeded requests' generators the same way."""
+        items = []
+        for seq, k in zip(seqs, num_tokens):
+            gen_seed = None if seq.params.seed is None else seq.params.seed + seq.index
+            keep = kept_tokens(seq, self.views.get(seq.seq_id))
+            items.append((seq.seq_id, keep, seq.tokens_from(keep), k, seq.params, gen_seed))
+            self.views[seq.seq_id] = (len(seq), [])
+        self._send({"op": "draft", "release": self.released, "seqs": items})
+        self.released = []
+        self.in_flight = seqs
+
+    def collect(self) -> dict[int, tuple[list[int], torch.Tensor | None]]:
+        """Drafts and draft distributions (None for greedy rows) of the in-flight sub-batch, by seq id."""
+        seqs, self.in_flight = self.in_flight, None
+        header, tensors = self._recv()
+        self.last_span = (header["start"], header["end"])
+        sizes = [len(d) for s, d in zip(seqs, header["drafts"]) if d and not s.params.greedy]
+        rows = iter(tensors[0].split(sizes) if sizes else ())
+        out = {}
+        for seq, drafts in zip(seqs, header["drafts"]):
+            out[seq.seq_id] = (drafts, next(rows) if drafts and not seq.params.greedy else None)
+            if seq.seq_id in self.views:
+                self.views[seq.seq_id] = (self.views[seq.seq_id][0], drafts)
+        return out
+
+    def release(self, seq: Sequence) -> None:
+        if self.views.pop(seq.seq_id, None) is not None:
+            self.released.append(seq.seq_id)
+
+    def flush(self) -> None:
+        """Send queued releases now, if the drafter is idle."""
+        if self.released and self.in_flight is None:
+            self._send({"op": "release", "release": self.released})
+            self.released = []
+
+    def stats(self) -> dict:
+        self._send({"op": "stats"})
+        return self._recv()[0]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                send_message({"op": "stop"}, [], DRAFTER)
+                self.process.wait(timeout=10)
+            except (DrafterError, subprocess.TimeoutExpired):
+                self.process.kill()
+                self.process.wait()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _send(self, header: dict) -> None:
+        self._check_alive()
+        send_message(header, [], DRAFTER)
+
+    def _recv(self) -> tuple[dict, list[torch.Tensor]]:
+        self._check_alive()
+        return recv_message(DRAFTER, self.timeout_s)
+
+    def _check_alive(self) -> None:
+        if self.process.poll() is not None:
+            raise DrafterError(f"drafter process exited with code {self.process.returncode}")
+
+
+if __name__ == "__main__":
+    worker_main(WorkerArgs(**json.loads(sys.argv[1])))
