@@ -94,6 +94,11 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config parallel must be true or false, got {self.parallel!r}")
         if self.remote:
             self._validate_placement(target)
+        else:
+            placed = [k for k in ("target_cpus", "draft_cpus", "rendezvous") if getattr(self, k) is not None]
+            if placed:
+                raise ValueError(f"speculative_config {placed[0]} applies only to a drafter in its own process: "
+                                 "set 'parallel' or 'draft_device'")
         self.model_path = target.model_path if self.model == "self" else resolve_model(self.model)
         draft = ModelArgs.from_hf(read_config(self.model_path))
         draft_vocab = draft.vocab_size

@@ -21,6 +21,20 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    def close(self) -> None:
+        """Stop the drafter process, if any (also done when the LLM is garbage-collected)."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "engine", None) is not None:
+            self.engine.close()
+
     def get_metrics(self) -> dict:
         """Speculative-decoding counters (vLLM definitions); all zero without speculation."""
         return self.engine.spec_metrics.as_dict()

@@ -47,6 +47,12 @@ def tiny_llama(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_draft(tmp_path_factory):
+    """Another random model with the target's vocabulary: it agrees with it only sometimes."""
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_draft"), "llama", seed=1, num_hidden_layers=1)
+
+
+@pytest.fixture(scope="session")
 def smollm2_path():
     """The bundled default model as a converted checkpoint folder (converts once per machine)."""
     from minedraft.models.loader import resolve_model

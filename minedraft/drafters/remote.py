@@ -1,9 +1,8 @@
-"""The drafter in its own process, on its own cores or GPU, reached through torch.distributed.
+"""The engine's handle on a drafter in its own process (minedraft.drafters.worker), on its own
+cores or GPU, reached through torch.distributed.
 
-`RemoteDrafter` (in the engine) sends draft requests keyed by sequence id and collects the drafts;
-`worker_main` (in the drafter process) keeps a mirror of each sequence's tokens and a
-`DraftModelProposer` over its own KV cache. Each request carries only what the drafter has not
-seen: how many of its tokens are still valid, and the tokens after them.
+Draft requests are keyed by sequence id and carry only what the drafter has not seen: how many of
+its tokens for the sequence are still valid, and the tokens after them.
 """
 
 import dataclasses
@@ -12,18 +11,15 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from minedraft.drafters.draft_model import DraftModelProposer, kept_tokens
+from minedraft.drafters.draft_model import kept_tokens
 from minedraft.drafters.transport import DrafterError, recv_message, send_message
 from minedraft.engine.sequence import Sequence
-from minedraft.sampling import make_generator
 
 ENGINE, DRAFTER = 0, 1
 
@@ -53,51 +49,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def worker_main(args: WorkerArgs) -> None:
-    from minedraft.config import DTYPES
-    from minedraft.models.loader import load_model
-
-    pin(args.cpus)
-    dist.init_process_group("gloo", init_method=args.init_method, rank=DRAFTER, world_size=2,
-                            timeout=timedelta(hours=24))
-    device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    proposer = DraftModelProposer(load_model(Path(args.model_path), dtype, device), args.num_slots,
-                                  args.max_len, dtype, device)
-    mirrors: dict[int, Sequence] = {}
-    default_gen = make_generator(args.seed)
-    send_message({"ready": True}, [], ENGINE)
-    while True:
-        header, _ = recv_message(ENGINE)
-        for seq_id in header.get("release", ()):
-            if seq_id in mirrors:
-                proposer.release(mirrors.pop(seq_id))
-        op = header["op"]
-        if op == "stop":
-            break
-        if op == "stats":
-            send_message({"free_slots": proposer.runner.cache.num_free, "sequences": len(mirrors)}, [], ENGINE)
-        elif op == "draft":
-            start = time.time()
-            seqs, num_tokens, gens = [], [], []
-            for seq_id, keep, new_tokens, k, params, gen_seed in header["seqs"]:
-                seq = mirrors.get(seq_id)
-                if seq is None:
-                    gen = None if gen_seed is None else make_generator(gen_seed)
-                    seq = mirrors[seq_id] = Sequence(seq_id, "", 0, None, [], params, gen, None)
-                del seq.output_token_ids[keep:]
-                seq.output_token_ids += new_tokens
-                seqs.append(seq)
-                num_tokens.append(k)
-                gens.append(None if params.greedy else seq.generator or default_gen)
-            drafts, dists = proposer.propose(seqs, num_tokens, gens)
-            for seq, d in zip(seqs, drafts):
-                seq.output_token_ids += d  # the mirror now holds what the drafter assumed
-            sampled = [q for q, g in zip(dists, gens) if q is not None and g is not None]
-            tensors = [torch.cat(sampled)] if sampled else []
-            send_message({"drafts": drafts, "start": start, "end": time.time()}, tensors, ENGINE)
-    dist.destroy_process_group()
-
-
 class RemoteDrafter:
     """Engine-side handle on the drafter process: submit a sub-batch, later collect its drafts."""
 
@@ -105,7 +56,7 @@ class RemoteDrafter:
         self.timeout_s = timeout_s
         # A fresh interpreter (not multiprocessing's spawn) so the user's __main__ is never re-run;
         # the same command could start the drafter on another host.
-        command = [sys.executable, "-m", "minedraft.drafters.remote", json.dumps(dataclasses.asdict(args))]
+        command = [sys.executable, "-m", "minedraft.drafters.worker", json.dumps(dataclasses.asdict(args))]
         self.process = subprocess.Popen(command)
         try:
             dist.init_process_group("gloo", init_method=args.init_method, rank=ENGINE, world_size=2,
@@ -191,6 +142,3 @@ class RemoteDrafter:
         if self.process.poll() is not None:
             raise DrafterError(f"drafter process exited with code {self.process.returncode}")
 
-
-if __name__ == "__main__":
-    worker_main(WorkerArgs(**json.loads(sys.argv[1])))

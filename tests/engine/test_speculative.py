@@ -17,12 +17,6 @@ def token_ids(outputs):
 
 
 @pytest.fixture(scope="module")
-def tiny_draft(tmp_path_factory):
-    # Another random model with the same vocabulary: it agrees with the target only sometimes.
-    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_draft"), "llama", seed=1, num_hidden_layers=1)
-
-
-@pytest.fixture(scope="module")
 def ar(tiny_llama):
     return LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=96)
 
@@ -115,7 +109,8 @@ def small_vocab_pair(tmp_path_factory):
             save_tiny_checkpoint(root / "draft", "llama", seed=3, vocab_size=12, num_hidden_layers=1))
 
 
-def test_sd_samples_the_targets_distribution(small_vocab_pair):
+@pytest.mark.parametrize("placement", [{}, {"parallel": True}, {"draft_device": "cpu"}], ids=["sd", "psd", "sd-remote"])
+def test_speculation_samples_the_targets_distribution(small_vocab_pair, placement):
     """At temperature 1 the second token (the first one speculation produces) follows the target's
     exact distribution; the draft's own distribution is far from it, so a sampler that leaned on
     the draft would fail."""
@@ -124,7 +119,7 @@ def test_sd_samples_the_targets_distribution(small_vocab_pair):
     exact = exact_second_token_distribution(target, prompt)
     draft_exact = exact_second_token_distribution(draft, prompt)
     sd = LLM(str(target), dtype="float64", max_num_seqs=64, max_model_len=32,
-             speculative_config={"model": str(draft), "num_speculative_tokens": 2})
+             speculative_config={"model": str(draft), "num_speculative_tokens": 2, **placement})
     n = 6000
     empirical = second_token_histogram(sd, prompt, n, exact.numel())
     tv = 0.5 * (empirical - exact).abs().sum().item()
@@ -134,6 +129,7 @@ def test_sd_samples_the_targets_distribution(small_vocab_pair):
     assert sd.get_metrics()["num_accepted_tokens"] > 0
     assert tv < 1.5 * noise, (tv, noise)
     assert tv_draft > 4 * noise, (tv_draft, noise)
+    sd.close()
 
 
 @pytest.mark.parametrize("spec,message", [

@@ -1,0 +1,68 @@
+"""The drafter process: `python -m minedraft.drafters.worker ARGS_JSON`, started by RemoteDrafter.
+
+It keeps a mirror of each sequence's tokens (what the engine told it plus the drafts it made) and a
+DraftModelProposer over its own KV cache, and answers draft requests until told to stop.
+"""
+
+import json
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from minedraft.config import DTYPES
+from minedraft.drafters.draft_model import DraftModelProposer
+from minedraft.drafters.remote import DRAFTER, ENGINE, WorkerArgs, pin
+from minedraft.drafters.transport import recv_message, send_message
+from minedraft.engine.sequence import Sequence
+from minedraft.models.loader import load_model
+from minedraft.sampling import make_generator
+
+
+def worker_main(args: WorkerArgs) -> None:
+    pin(args.cpus)
+    dist.init_process_group("gloo", init_method=args.init_method, rank=DRAFTER, world_size=2,
+                            timeout=timedelta(hours=24))
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    proposer = DraftModelProposer(load_model(Path(args.model_path), dtype, device), args.num_slots,
+                                  args.max_len, dtype, device)
+    mirrors: dict[int, Sequence] = {}
+    default_gen = make_generator(args.seed)
+    send_message({"ready": True}, [], ENGINE)
+    while True:
+        header, _ = recv_message(ENGINE)
+        for seq_id in header.get("release", ()):
+            if seq_id in mirrors:
+                proposer.release(mirrors.pop(seq_id))
+        op = header["op"]
+        if op == "stop":
+            break
+        if op == "stats":
+            send_message({"free_slots": proposer.runner.cache.num_free, "sequences": len(mirrors)}, [], ENGINE)
+        elif op == "draft":
+            start = time.time()
+            seqs, num_tokens, gens = [], [], []
+            for seq_id, keep, new_tokens, k, params, gen_seed in header["seqs"]:
+                seq = mirrors.get(seq_id)
+                if seq is None:
+                    gen = None if gen_seed is None else make_generator(gen_seed)
+                    seq = mirrors[seq_id] = Sequence(seq_id, "", 0, None, [], params, gen, None)
+                del seq.output_token_ids[keep:]
+                seq.output_token_ids += new_tokens
+                seqs.append(seq)
+                num_tokens.append(k)
+                gens.append(None if params.greedy else seq.generator or default_gen)
+            drafts, dists = proposer.propose(seqs, num_tokens, gens)
+            for seq, d in zip(seqs, drafts):
+                seq.output_token_ids += d  # the mirror now holds what the drafter assumed
+            sampled = [q for q, g in zip(dists, gens) if q is not None and g is not None]
+            tensors = [torch.cat(sampled)] if sampled else []
+            send_message({"drafts": drafts, "start": start, "end": time.time()}, tensors, ENGINE)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    worker_main(WorkerArgs(**json.loads(sys.argv[1])))
