@@ -12,16 +12,12 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 
 from minedraft.drafters.draft_model import kept_tokens
-from minedraft.drafters.transport import DrafterError, recv_message, send_message
+from minedraft.drafters.transport import ENGINE, Channel, DrafterError
 from minedraft.engine.sequence import Sequence
-
-ENGINE, DRAFTER = 0, 1
 
 
 @dataclass(frozen=True)
@@ -43,6 +39,12 @@ def pin(cpus: tuple[int, ...] | None) -> None:
         torch.set_num_threads(len(cpus))
 
 
+def drafter_seed(seed: int, index: int) -> int:
+    """The drafter's seed for a seeded request. Its stream must not be the engine's (seed + index):
+    drafts and acceptance draws would be correlated and sampling would no longer be lossless."""
+    return (seed * 0x9E3779B97F4A7C15 + index + 1) % 2**63
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -58,11 +60,11 @@ class RemoteDrafter:
         # the same command could start the drafter on another host.
         command = [sys.executable, "-m", "minedraft.drafters.worker", json.dumps(dataclasses.asdict(args))]
         self.process = subprocess.Popen(command)
+        self.channel = None
         try:
-            dist.init_process_group("gloo", init_method=args.init_method, rank=ENGINE, world_size=2,
-                                    timeout=timedelta(seconds=ready_timeout_s))
-            recv_message(DRAFTER, ready_timeout_s)
-        except (DrafterError, RuntimeError) as e:
+            self.channel = Channel(args.init_method, ENGINE, ready_timeout_s)
+            self.channel.recv(ready_timeout_s)
+        except DrafterError as e:
             self.close()
             raise DrafterError(f"drafter process failed to start: {e}") from None
         self.views: dict[int, tuple[int, list[int]]] = {}  # seq_id -> (tokens it saw, drafts it made)
@@ -83,7 +85,7 @@ class RemoteDrafter:
         """Start drafting for `seqs`; the drafter seeds seeded requests' generators the same way."""
         items = []
         for seq, k in zip(seqs, num_tokens):
-            gen_seed = None if seq.params.seed is None else seq.params.seed + seq.index
+            gen_seed = None if seq.params.seed is None else drafter_seed(seq.params.seed, seq.index)
             keep = kept_tokens(seq, self.views.get(seq.seq_id))
             items.append((seq.seq_id, keep, seq.tokens_from(keep), k, seq.params, gen_seed))
             self.views[seq.seq_id] = (len(seq), [])
@@ -119,24 +121,25 @@ class RemoteDrafter:
         self._send({"op": "stats"})
         return self._recv()[0]
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
+        """Stop the drafter process: asked to stop, or killed (after a failure, or if it won't)."""
         if self.process.poll() is None:
             try:
-                send_message({"op": "stop"}, [], DRAFTER)
+                if self.channel is None or not graceful:
+                    raise DrafterError("not stopping gracefully")
+                self.channel.send({"op": "stop"})
                 self.process.wait(timeout=10)
             except (DrafterError, subprocess.TimeoutExpired):
                 self.process.kill()
                 self.process.wait()
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
     def _send(self, header: dict) -> None:
         self._check_alive()
-        send_message(header, [], DRAFTER)
+        self.channel.send(header)
 
     def _recv(self) -> tuple[dict, list[torch.Tensor]]:
         self._check_alive()
-        return recv_message(DRAFTER, self.timeout_s)
+        return self.channel.recv(self.timeout_s)
 
     def _check_alive(self) -> None:
         if self.process.poll() is not None:

@@ -7,16 +7,14 @@ DraftModelProposer over its own KV cache, and answers draft requests until told 
 import json
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from minedraft.config import DTYPES
 from minedraft.drafters.draft_model import DraftModelProposer
-from minedraft.drafters.remote import DRAFTER, ENGINE, WorkerArgs, pin
-from minedraft.drafters.transport import recv_message, send_message
+from minedraft.drafters.remote import WorkerArgs, pin
+from minedraft.drafters.transport import DRAFTER, Channel
 from minedraft.engine.sequence import Sequence
 from minedraft.models.loader import load_model
 from minedraft.sampling import make_generator
@@ -24,16 +22,15 @@ from minedraft.sampling import make_generator
 
 def worker_main(args: WorkerArgs) -> None:
     pin(args.cpus)
-    dist.init_process_group("gloo", init_method=args.init_method, rank=DRAFTER, world_size=2,
-                            timeout=timedelta(hours=24))
+    channel = Channel(args.init_method, DRAFTER, timeout_s=24 * 3600)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     proposer = DraftModelProposer(load_model(Path(args.model_path), dtype, device), args.num_slots,
                                   args.max_len, dtype, device)
     mirrors: dict[int, Sequence] = {}
     default_gen = make_generator(args.seed)
-    send_message({"ready": True}, [], ENGINE)
+    channel.send({"ready": True})
     while True:
-        header, _ = recv_message(ENGINE)
+        header, _ = channel.recv()
         for seq_id in header.get("release", ()):
             if seq_id in mirrors:
                 proposer.release(mirrors.pop(seq_id))
@@ -41,7 +38,7 @@ def worker_main(args: WorkerArgs) -> None:
         if op == "stop":
             break
         if op == "stats":
-            send_message({"free_slots": proposer.runner.cache.num_free, "sequences": len(mirrors)}, [], ENGINE)
+            channel.send({"free_slots": proposer.runner.cache.num_free, "sequences": len(mirrors)})
         elif op == "draft":
             start = time.time()
             seqs, num_tokens, gens = [], [], []
@@ -60,8 +57,7 @@ def worker_main(args: WorkerArgs) -> None:
                 seq.output_token_ids += d  # the mirror now holds what the drafter assumed
             sampled = [q for q, g in zip(dists, gens) if q is not None and g is not None]
             tensors = [torch.cat(sampled)] if sampled else []
-            send_message({"drafts": drafts, "start": start, "end": time.time()}, tensors, ENGINE)
-    dist.destroy_process_group()
+            channel.send({"drafts": drafts, "start": start, "end": time.time()}, tensors)
 
 
 if __name__ == "__main__":

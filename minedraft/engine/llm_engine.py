@@ -149,7 +149,7 @@ class LLMEngine:
         """Carry on without speculation: drafts in flight are dropped, nothing else was touched."""
         log.error("drafter failed, continuing without speculation: %s", error)
         self.spec_metrics.drafter_failures += 1
-        self.proposer.close()
+        self.proposer.close(graceful=False)
         self.proposer = None
         self.batches = None
 
