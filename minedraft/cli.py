@@ -48,6 +48,21 @@ def cmd_bench_decode(args: argparse.Namespace) -> None:
     run(args)
 
 
+def cmd_bench_offline(args: argparse.Namespace) -> None:
+    from minedraft.bench.offline import run
+
+    run(args)
+
+
+def cmd_derive_draft(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from minedraft.models.loader import derive_truncated, resolve_model
+
+    out = derive_truncated(resolve_model(args.model), args.layers, Path(args.out))
+    print(f"wrote a {args.layers}-layer draft checkpoint to {out}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minedraft", description="MineDraft: batch parallel speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -74,6 +89,30 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--repeats", type=int, default=3, help="interleaved repetitions; medians are reported")
     dec.add_argument("--output-json", default=None, help="write every figure to this file")
     dec.set_defaults(func=cmd_bench_decode)
+
+    off = bench.add_parser("offline", help="ar / sd / psd throughput and latency, interleaved in one run")
+    off.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M-Instruct)")
+    off.add_argument("--draft-model", default="self", help="draft checkpoint folder, or 'self'")
+    off.add_argument("--modes", default="ar,sd,sd-remote,psd,sd-2t", help="comma-separated: ar,sd,sd-remote,psd,sd-2t")
+    off.add_argument("--num-speculative-tokens", default="1,2,3,4,5", help="comma-separated k values")
+    off.add_argument("--concurrency", default="8,16", help="comma-separated numbers of requests in flight")
+    off.add_argument("--dataset", default=None, help="Spec-Bench / prompt jsonl, ShareGPT json or text; default: built-in")
+    off.add_argument("--num-prompts", type=int, default=32)
+    off.add_argument("--output-len", type=int, default=64)
+    off.add_argument("--ignore-eos", action="store_true", help="always generate --output-len tokens")
+    off.add_argument("--temperature", type=float, default=0.0)
+    off.add_argument("--max-model-len", type=int, default=1024)
+    off.add_argument("--repeats", type=int, default=1, help="interleaved repetitions; medians are reported")
+    off.add_argument("--output-json", default=None)
+    off.add_argument("--plot-dir", default=None, help="write timeline PNGs of psd and sd-remote runs here")
+    off.add_argument("--seed", type=int, default=0)
+    off.set_defaults(func=cmd_bench_offline)
+
+    der = sub.add_parser("derive-draft", help="write a draft checkpoint made of a target's first layers")
+    der.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M-Instruct)")
+    der.add_argument("--layers", type=int, required=True)
+    der.add_argument("--out", required=True, help="output folder")
+    der.set_defaults(func=cmd_derive_draft)
     return parser
 
 

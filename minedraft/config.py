@@ -11,6 +11,8 @@ from minedraft.models.llama import ModelArgs
 from minedraft.models.loader import read_config, resolve_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+# The cores this process may use, read before any engine pins it to its own share of them.
+MACHINE_CPUS = sorted(os.sched_getaffinity(0))
 
 
 @dataclass
@@ -54,7 +56,7 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config draft_device {self.draft_device!r} is not a torch device") from None
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"speculative_config draft_device {self.draft_device!r} asked for but CUDA is not available")
-        available = sorted(os.sched_getaffinity(0))
+        available = MACHINE_CPUS
         if device.type == "cpu" and torch.device(target.device).type == "cpu":
             if self.target_cpus is None and self.draft_cpus is None and len(available) >= 2:
                 self.target_cpus, self.draft_cpus = available[:1], available[1:2]

@@ -114,6 +114,14 @@ class LLMEngine:
         if self.batches is not None:
             self.batches.forget(seq)
 
+    def set_num_speculative_tokens(self, k: int) -> None:
+        """Change k between steps (benchmarks sweep it without reloading models)."""
+        if self.config.speculative is None:
+            raise ValueError("the engine has no speculative_config")
+        if not isinstance(k, int) or not 1 <= k <= 16:
+            raise ValueError(f"num_speculative_tokens must be an integer in 1..16, got {k!r}")
+        self.config.speculative.num_speculative_tokens = k
+
     def close(self) -> None:
         """Stop the drafter process, if there is one."""
         if isinstance(self.proposer, RemoteDrafter):

@@ -65,10 +65,15 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
+    arrival_time: float  # time.perf_counter() seconds
+    first_token_time: float | None
+    finish_time: float | None
 
     @classmethod
     def from_sequences(cls, seqs: list[Sequence]) -> "RequestOutput":
         first = seqs[0]
         outputs = [CompletionOutput(s.index, s.text, list(s.output_token_ids), s.finish_reason) for s in seqs]
         done = all(s.status == Status.FINISHED for s in seqs)
-        return cls(first.request_id, first.prompt, first.prompt_token_ids, outputs, done)
+        firsts = [s.first_token_time for s in seqs if s.first_token_time is not None]
+        return cls(first.request_id, first.prompt, first.prompt_token_ids, outputs, done, first.arrival_time,
+                   min(firsts) if firsts else None, max(s.finish_time for s in seqs) if done else None)

@@ -133,3 +133,21 @@ def eos_token_ids(folder: Path, tokenizer) -> set[int]:
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return ids
+
+
+def derive_truncated(folder: Path, num_layers: int, out: Path) -> Path:
+    """A draft checkpoint derived from a target: its first `num_layers` layers, final norm,
+    embeddings and head (early exit). Untrained, it agrees with the target only sometimes."""
+    config = read_config(folder)
+    if not 1 <= num_layers < config["num_hidden_layers"]:
+        raise ValueError(f"num_layers must be in 1..{config['num_hidden_layers'] - 1}, got {num_layers}")
+    keep = {f"model.layers.{i}." for i in range(num_layers)}
+    tensors = {k: v.contiguous() for k, v in read_safetensors(folder).items()
+               if not k.startswith("model.layers.") or any(k.startswith(p) for p in keep)}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps({**config, "num_hidden_layers": num_layers}, indent=2))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        if (folder / name).is_file():
+            shutil.copy(folder / name, out / name)
+    return out

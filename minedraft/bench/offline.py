@@ -1,0 +1,185 @@
+"""Offline benchmark: every mode at the same number of requests in flight, interleaved in one run.
+
+Modes (CPU placement on this 2-core kind of machine):
+  ar         no speculation, target on core 0, one thread
+  sd         standard SD, drafter in the target's process on core 0
+  sd-remote  drafter in its own process on core 1, strictly draft-then-verify
+  psd        drafter in its own process on core 1, two sub-batches overlapped
+  sd-2t      standard SD with both cores (two threads): the equal-resources baseline
+"""
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from minedraft import LLM, SamplingParams
+from minedraft.bench.datasets import load_prompts
+from minedraft.bench.plots import plot_timeline
+from minedraft.config import MACHINE_CPUS
+from minedraft.drafters.remote import pin
+from minedraft.engine.metrics import SpecDecodeMetrics
+from minedraft.theory import psd_speedup, psd_speedup_equal_concurrency
+
+MODES = ("ar", "sd", "sd-remote", "psd", "sd-2t")
+
+
+def placement(mode: str) -> tuple[list[int], dict | None]:
+    """(cores for the engine's process, speculative_config placement keys or None for ar)."""
+    cores = MACHINE_CPUS
+    target, draft = cores[:1], cores[1:2] or cores[:1]
+    return {
+        "ar": (target, None),
+        "sd": (target, {}),
+        "sd-remote": (target, {"draft_device": "cpu", "target_cpus": target, "draft_cpus": draft}),
+        "psd": (target, {"parallel": True, "target_cpus": target, "draft_cpus": draft}),
+        "sd-2t": (cores[:2], {}),
+    }[mode]
+
+
+def closed_loop(llm: LLM, prompts: list[list[int]], concurrency: int, params: SamplingParams) -> dict:
+    """Keep `concurrency` requests in flight until every prompt is done; figures for the run."""
+    engine = llm.engine
+    engine.spec_metrics = SpecDecodeMetrics()
+    if engine.trace is not None:
+        engine.trace.clear()
+    queue, outs, index = list(enumerate(prompts)), [], {}
+    start = time.perf_counter()
+    while queue or engine.has_unfinished():
+        while queue and len(engine.requests) < concurrency:
+            i, prompt = queue.pop(0)
+            index[engine.add_request(prompt, params)] = i
+        outs += [o for o in engine.step() if o.finished]
+    makespan = time.perf_counter() - start
+    e2e = [o.finish_time - o.arrival_time for o in outs]
+    ttft = [o.first_token_time - o.arrival_time for o in outs]
+    tokens = [len(o.outputs[0].token_ids) for o in outs]
+    tpot = [(e - f) / (n - 1) for e, f, n in zip(e2e, ttft, tokens) if n > 1]
+    trace = engine.trace or []
+    verify = [e["end"] - e["start"] for e in trace if e["kind"] == "verify"]
+    draft = [e["end"] - e["start"] for e in trace if e["kind"] == "draft"]
+    q = statistics.quantiles(e2e, n=100) if len(e2e) > 1 else e2e * 99
+    metrics = engine.spec_metrics.as_dict()
+    steps = metrics["num_steps"]
+    return {
+        "output_tokens_per_s": sum(tokens) / makespan,
+        "requests_per_s": len(outs) / makespan,
+        "latency_mean_s": statistics.mean(e2e),
+        "latency_p50_s": q[49], "latency_p90_s": q[89], "latency_p99_s": q[98],
+        "ttft_mean_s": statistics.mean(ttft),
+        "tpot_mean_s": statistics.mean(tpot) if tpot else 0.0,
+        "acceptance_rate": metrics["acceptance_rate"],
+        "mean_acceptance_length": metrics["mean_acceptance_length"],
+        "overlapped_share": metrics["num_overlapped_steps"] / steps if steps else 0.0,
+        "verify_s_median": statistics.median(verify) if verify else None,
+        "draft_s_median": statistics.median(draft) if draft else None,
+        "makespan_s": makespan,
+        "outputs": {index[o.request_id]: o.outputs[0].token_ids for o in outs},
+        "trace": list(trace),
+    }
+
+
+def run(args: argparse.Namespace) -> dict:
+    modes = args.modes.split(",")
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise ValueError(f"unknown mode {unknown[0]!r}; known: {', '.join(MODES)}")
+    ks = [int(k) for k in args.num_speculative_tokens.split(",")]
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    max_len = args.max_model_len
+    llms: dict[str, LLM] = {}
+    for mode in modes:
+        cores, spec = placement(mode)
+        pin(tuple(cores))
+        spec_config = None if spec is None else {"model": args.draft_model, "num_speculative_tokens": max(ks), **spec}
+        llms[mode] = LLM(args.model, max_num_seqs=max(concurrencies), max_model_len=max_len, seed=args.seed,
+                         speculative_config=spec_config, trace=True)
+    engine = next(iter(llms.values())).engine
+    texts = load_prompts(args.dataset, args.num_prompts, args.seed)
+    prompts = [engine.encode(engine.apply_chat_template([{"role": "user", "content": t}])) for t in texts]
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.output_len, ignore_eos=args.ignore_eos,
+                            seed=args.seed if args.temperature > 0 else None)
+    plan = [(c, k, m) for c in concurrencies for k in ks for m in modes if m != "ar" or k == ks[0]]
+    results: dict[tuple, list[dict]] = {}
+    warm = prompts[: min(2, len(prompts))]
+    for mode, llm in llms.items():  # warm-up: first calls allocate and fill caches
+        pin(tuple(placement(mode)[0]))
+        closed_loop(llm, warm, 2, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    with tqdm(total=len(plan) * args.repeats, desc="bench offline") as bar:
+        for _ in range(args.repeats):
+            for c, k, mode in plan:
+                cores, spec = placement(mode)
+                pin(tuple(cores))
+                if spec is not None:
+                    llms[mode].engine.set_num_speculative_tokens(k)
+                figures = closed_loop(llms[mode], prompts, c, params)
+                results.setdefault((mode, k if spec is not None else None, c), []).append(figures)
+                if args.plot_dir and mode in ("psd", "sd-remote"):
+                    plot_timeline(figures["trace"], Path(args.plot_dir) / f"timeline_{mode}_k{k}_c{c}.png",
+                                  f"{mode}, k={k}, {c} requests in flight")
+                bar.update()
+    for llm in llms.values():
+        llm.close()
+    report = summarize(results, args)
+    if args.output_json:
+        Path(args.output_json).write_text(json.dumps(report, indent=2))
+    return report
+
+
+def median_of(runs: list[dict], key: str):
+    values = [r[key] for r in runs if r[key] is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize(results: dict[tuple, list[dict]], args: argparse.Namespace) -> dict:
+    rows = []
+    for (mode, k, c), runs in results.items():
+        row = {"mode": mode, "k": k, "concurrency": c, "repeats": len(runs)}
+        for key in runs[0]:
+            if key not in ("outputs", "trace"):
+                row[key] = median_of(runs, key)
+        rows.append(row)
+    by = {(r["mode"], r["k"], r["concurrency"]): r for r in rows}
+    ar_outputs = {c: runs[0]["outputs"] for (m, _, c), runs in results.items() if m == "ar"}
+    for (mode, k, c), runs in results.items():
+        row = by[(mode, k, c)]
+        if args.temperature == 0 and c in ar_outputs and mode != "ar":  # greedy: outputs equal to ar's
+            ref = ar_outputs[c]
+            row["identical_to_ar"] = sum(ref[i] == out for i, out in runs[0]["outputs"].items()) / len(ref)
+        base = by.get(("ar", None, c))
+        row["speedup_vs_ar"] = row["output_tokens_per_s"] / base["output_tokens_per_s"] if base else None
+        if mode == "psd":
+            for ref_mode in ("sd", "sd-remote", "sd-2t"):
+                ref = by.get((ref_mode, k, c))
+                row[f"speedup_vs_{ref_mode}"] = row["output_tokens_per_s"] / ref["output_tokens_per_s"] if ref else None
+            V, t = row["verify_s_median"], row["draft_s_median"]
+            row["predicted_psd_over_sd_linear"] = psd_speedup(V, t) if V and t else None
+            ref = by.get(("sd-remote", k, c))
+            if ref and ref["verify_s_median"] and ref["draft_s_median"] and V and t:
+                row["predicted_psd_over_sd_remote"] = psd_speedup_equal_concurrency(
+                    ref["verify_s_median"], ref["draft_s_median"], V, t)
+    print_table(rows)
+    return {"command": {k: v for k, v in vars(args).items() if k != "func"}, "date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}
+
+
+def fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_table(rows: list[dict]) -> None:
+    print("\n| mode | k | conc | tok/s | x ar | mean lat s | p90 lat s | TTFT s | TPOT ms | accept | "
+          "mean acc len | overlap | V ms | t ms | psd/sd | psd/sd-remote (pred) | same as ar |")
+    print("|" + "---|" * 17)
+    for r in sorted(rows, key=lambda r: (r["concurrency"], r["k"] or 0, MODES.index(r["mode"]))):
+        pred = r.get("predicted_psd_over_sd_remote")
+        print(f"| {r['mode']} | {fmt(r['k'], 'd')} | {r['concurrency']} | {r['output_tokens_per_s']:.1f} | "
+              f"{fmt(r['speedup_vs_ar'], '.2f')} | {r['latency_mean_s']:.2f} | {r['latency_p90_s']:.2f} | "
+              f"{r['ttft_mean_s']:.2f} | {r['tpot_mean_s'] * 1e3:.0f} | {r['acceptance_rate']:.2f} | "
+              f"{r['mean_acceptance_length']:.2f} | {r['overlapped_share']:.2f} | "
+              f"{fmt(r['verify_s_median'] and r['verify_s_median'] * 1e3, '.0f')} | "
+              f"{fmt(r['draft_s_median'] and r['draft_s_median'] * 1e3, '.0f')} | "
+              f"{fmt(r.get('speedup_vs_sd'), '.2f')} | {fmt(r.get('speedup_vs_sd-remote'), '.2f')} "
+              f"({fmt(pred, '.2f')}) | {fmt(r.get('identical_to_ar'), '.2f')} |")
