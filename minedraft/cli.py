@@ -42,6 +42,13 @@ def cmd_generate(args: argparse.Namespace) -> None:
             print(f"{key}: {value}", file=sys.stderr)
 
 
+def cmd_serve(args: argparse.Namespace) -> None:
+    from minedraft.server import serve
+
+    args.speculative_config = speculative_config(args.speculative_config)
+    serve(args)
+
+
 def cmd_bench_decode(args: argparse.Namespace) -> None:
     from minedraft.bench.decode import run
 
@@ -78,6 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--stats", action="store_true", help="print speculative-decoding metrics to stderr")
     gen.set_defaults(func=cmd_generate)
+
+    srv = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    add_engine_args(srv)
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ routes")
+    srv.add_argument("--max-num-seqs", type=int, default=16, help="requests in flight")
+    srv.add_argument("--max-queue", type=int, default=256, help="waiting requests before answering 503")
+    srv.add_argument("--served-model-name", default=None, help="the model id clients use (default: folder name)")
+    srv.set_defaults(func=cmd_serve)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     dec = bench.add_parser("decode", help="decode step time and throughput against transformers")

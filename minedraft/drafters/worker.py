@@ -4,7 +4,9 @@ It keeps a mirror of each sequence's tokens (what the engine told it plus the dr
 DraftModelProposer over its own KV cache, and answers draft requests until told to stop.
 """
 
+import ctypes
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -20,7 +22,14 @@ from minedraft.models.loader import load_model
 from minedraft.sampling import make_generator
 
 
+def die_with_parent() -> None:
+    """Ask Linux to kill this process when the engine that started it dies, however it dies."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
 def worker_main(args: WorkerArgs) -> None:
+    die_with_parent()
     pin(args.cpus)
     channel = Channel(args.init_method, DRAFTER, timeout_s=24 * 3600)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]

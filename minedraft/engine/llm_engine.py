@@ -69,16 +69,14 @@ class LLMEngine:
             raise ValueError(f"model {str(self.config.model_path)!r} has no chat template")
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
-    def add_request(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
-    ) -> str:
-        """Queue a prompt (text or token ids); returns its request id. Bad input raises ValueError."""
+    def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
+        """Token ids of a prompt (text or ids), checked against the vocabulary and max_model_len."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty")
-            text, token_ids = prompt, self.encode(prompt)
+            token_ids = self.encode(prompt)
         else:
-            text, token_ids = None, list(prompt)
+            token_ids = list(prompt)
         if not token_ids:
             raise ValueError("prompt is empty")
         vocab = self.config.model_args.vocab_size
@@ -86,9 +84,15 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         limit = self.config.max_model_len - 1
         if len(token_ids) > limit:
-            raise ValueError(
-                f"prompt has {len(token_ids)} tokens, more than max_model_len - 1 = {limit}"
-            )
+            raise ValueError(f"prompt has {len(token_ids)} tokens, more than max_model_len - 1 = {limit}")
+        return token_ids
+
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+    ) -> str:
+        """Queue a prompt (text or token ids); returns its request id. Bad input raises ValueError."""
+        token_ids = self.tokenize_prompt(prompt)
+        text = prompt if isinstance(prompt, str) else None
         request_id = str(next(self._ids)) if request_id is None else request_id
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")

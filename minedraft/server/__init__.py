@@ -1,0 +1,24 @@
+"""The OpenAI-compatible server: `minedraft serve`."""
+
+import argparse
+from pathlib import Path
+
+
+def serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from minedraft.config import EngineConfig
+    from minedraft.engine.llm_engine import LLMEngine
+    from minedraft.server.api import create_app
+    from minedraft.server.async_engine import AsyncEngine
+
+    config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
+                          max_model_len=args.max_model_len, num_threads=args.num_threads,
+                          speculative_config=args.speculative_config)
+    server = AsyncEngine(LLMEngine(config), max_queue=args.max_queue)
+    name = args.served_model_name or (Path(args.model).name if args.model else "SmolLM2-135M-Instruct")
+    app = create_app(server, name, args.api_key)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    finally:
+        server.shutdown()
