@@ -25,8 +25,9 @@ BUILTIN_PROMPTS = [
 ]
 
 
-def load_prompts(path: str | None, num_prompts: int, seed: int = 0) -> list[str]:
-    """User messages (first turns) from `path`, or the built-in set; cycled or sampled to `num_prompts`."""
+def load_prompts(path: str | None, num_prompts: int | None, seed: int = 0) -> list[str]:
+    """User messages (first turns) from `path`, or the built-in set; sampled or cycled to
+    `num_prompts` (None: all of them)."""
     if path is None:
         prompts = list(BUILTIN_PROMPTS)
     else:
@@ -36,9 +37,14 @@ def load_prompts(path: str | None, num_prompts: int, seed: int = 0) -> list[str]
         prompts = _read(p)
         if not prompts:
             raise ValueError(f"dataset {path!r} holds no prompts")
-    if len(prompts) >= num_prompts:
-        return random.Random(seed).sample(prompts, num_prompts)
-    return [prompts[i % len(prompts)] for i in range(num_prompts)]
+    return prompts if num_prompts is None else select(prompts, num_prompts, seed)
+
+
+def select(items: list, n: int, seed: int = 0) -> list:
+    """n of the items: a seeded sample, or the items cycled when there are fewer than n."""
+    if len(items) >= n:
+        return random.Random(seed).sample(items, n)
+    return [items[i % len(items)] for i in range(n)]
 
 
 def _read(path: Path) -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from minedraft import LLM, SamplingParams
-from minedraft.bench.datasets import load_prompts
+from minedraft.bench.datasets import load_prompts, select
 from minedraft.bench.plots import plot_timeline
 from minedraft.config import MACHINE_CPUS
 from minedraft.drafters.remote import pin
@@ -98,8 +98,13 @@ def run(args: argparse.Namespace) -> dict:
         llms[mode] = LLM(args.model, max_num_seqs=max(concurrencies), max_model_len=max_len, seed=args.seed,
                          speculative_config=spec_config, trace=True)
     engine = next(iter(llms.values())).engine
-    texts = load_prompts(args.dataset, args.num_prompts, args.seed)
-    prompts = [engine.encode(engine.apply_chat_template([{"role": "user", "content": t}])) for t in texts]
+    texts = load_prompts(args.dataset, None, args.seed)
+    encoded = [engine.encode(engine.apply_chat_template([{"role": "user", "content": t}])) for t in texts]
+    fitting = [p for p in encoded if len(p) + args.output_len < max_len]
+    if len(fitting) < len(encoded):
+        print(f"skipping {len(encoded) - len(fitting)} of {len(encoded)} prompts longer than "
+              f"max_model_len - output_len = {max_len - args.output_len} tokens")
+    prompts = select(fitting, args.num_prompts, args.seed)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.output_len, ignore_eos=args.ignore_eos,
                             seed=args.seed if args.temperature > 0 else None)
     plan = [(c, k, m) for c in concurrencies for k in ks for m in modes if m != "ar" or k == ks[0]]

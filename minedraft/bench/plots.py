@@ -3,9 +3,10 @@
 from pathlib import Path
 
 
-def plot_timeline(trace: list[dict], path: Path, title: str, max_seconds: float = 3.0) -> None:
-    """Target (verify) and drafter (draft) activity over time, coloured by sub-batch: where the two
-    lanes overlap, drafting was hidden behind verification."""
+def plot_timeline(trace: list[dict], path: Path, title: str, max_seconds: float = 4.0) -> None:
+    """Target (verify) and drafter (draft) activity over `max_seconds` of steady state (from the
+    middle of the run), coloured by sub-batch: where the two lanes overlap, drafting was hidden
+    behind verification."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -13,17 +14,18 @@ def plot_timeline(trace: list[dict], path: Path, title: str, max_seconds: float 
 
     if not trace:
         return
-    t0 = min(e["start"] for e in trace)
+    starts = sorted(e["start"] for e in trace)
+    t0 = starts[len(starts) // 2]
     fig, ax = plt.subplots(figsize=(12, 2.6))
     lanes = {"verify": 1, "draft": 0}
     colours = ["tab:blue", "tab:orange"]
     for e in trace:
-        if e["start"] - t0 > max_seconds:
+        if e["end"] < t0 or e["start"] - t0 > max_seconds:
             continue
         ax.broken_barh([(e["start"] - t0, e["end"] - e["start"])], (lanes[e["kind"]] - 0.4, 0.8),
                        facecolors=colours[e["group"] % 2], edgecolor="black", linewidth=0.3)
     ax.set_yticks([0, 1], ["drafter: draft", "target: verify"])
-    ax.set_xlabel("seconds (colour: sub-batch)")
+    ax.set_xlabel("seconds from mid-run (colour: sub-batch)")
     ax.set_title(title)
     ax.set_xlim(0, max_seconds)
     fig.tight_layout()

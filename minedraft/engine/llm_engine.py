@@ -16,9 +16,9 @@ from minedraft.engine.metrics import SpecDecodeMetrics
 from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.engine.scheduler import Scheduler
 from minedraft.engine.sequence import RequestOutput, Sequence, Status
+from minedraft.models.llama import Decoder
 from minedraft.models.loader import eos_token_ids, load_model, load_tokenizer
 from minedraft.sampling import SamplingParams, make_generator, probabilities, rejection_sample, sample
-
 
 log = logging.getLogger("minedraft")
 
@@ -31,20 +31,11 @@ class LLMEngine:
         self.config = config
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
-        device, dtype = torch.device(config.device), config.torch_dtype
+        device = torch.device(config.device)
+        model = load_model(config.model_path, config.torch_dtype, device)
+        self.runner = ModelRunner(model, config.num_slots, config.max_model_len, config.torch_dtype, device)
         spec = config.speculative
-        self.proposer: DraftModelProposer | RemoteDrafter | None = None
-        if spec is not None and spec.remote:
-            pin(tuple(spec.target_cpus) if spec.target_cpus else None)
-            init = spec.rendezvous or f"tcp://127.0.0.1:{free_port()}"
-            self.proposer = RemoteDrafter(
-                WorkerArgs(str(spec.model_path), config.dtype, spec.draft_device, config.num_slots,
-                           config.max_model_len, spec.draft_cpus, init, config.seed + 1), spec.draft_timeout_s)
-        model = load_model(config.model_path, dtype, device)
-        self.runner = ModelRunner(model, config.num_slots, config.max_model_len, dtype, device)
-        if spec is not None and not spec.remote:
-            draft = model if spec.model == "self" else load_model(spec.model_path, dtype, device)
-            self.proposer = DraftModelProposer(draft, config.num_slots, config.max_model_len, dtype, device)
+        self.proposer = None if spec is None else self._make_proposer(model)
         self.batches = BatchManager() if spec is not None and spec.parallel else None
         self.spec_metrics = SpecDecodeMetrics()
         self.trace: list[dict] | None = [] if config.trace else None
@@ -56,6 +47,17 @@ class LLMEngine:
         self.requests: dict[str, list[Sequence]] = {}
         self._ids = itertools.count()
         self._seq_ids = itertools.count()
+
+    def _make_proposer(self, target: Decoder) -> DraftModelProposer | RemoteDrafter:
+        c, spec, device = self.config, self.config.speculative, torch.device(self.config.device)
+        if not spec.remote:
+            draft = target if spec.model == "self" else load_model(spec.model_path, c.torch_dtype, device)
+            return DraftModelProposer(draft, c.num_slots, c.max_model_len, c.torch_dtype, device)
+        pin(tuple(spec.target_cpus) if spec.target_cpus else None)
+        address = spec.rendezvous or f"tcp://127.0.0.1:{free_port()}"
+        args = WorkerArgs(str(spec.model_path), c.dtype, spec.draft_device, c.num_slots, c.max_model_len,
+                          spec.draft_cpus, address, c.seed + 1)
+        return RemoteDrafter(args, spec.draft_timeout_s)
 
     # -- requests ---------------------------------------------------------------------------------
 

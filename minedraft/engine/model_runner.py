@@ -49,25 +49,31 @@ class ModelRunner:
         offsets = torch.arange(T, device=dev)
         positions = start_t[:, None] + offsets[None, :]
         real = offsets[None, :] < count_t[:, None]
-        kv_len = max(s + n for s, n in zip(starts, counts))
+        kv_lens = [start + n for start, n in zip(starts, counts)]
+        kv_len = max(kv_lens)
         # Padding tokens read a clamped rope position; their outputs and keys are never used.
         pos_clamped = positions.clamp(max=self.cache.max_len - 1)
         cos = self.cos[pos_clamped][:, :, None, :]
         sin = self.sin[pos_clamped][:, :, None, :]
         slots = [r.slot for r in rows]
         slot_t = torch.tensor(slots, device=dev)
-        consecutive = slots == list(range(slots[0], slots[0] + B))
-        all_real = all(n == T for n in counts)
-        mask = None
-        if T > 1 or len(set(starts)) > 1:
-            keys = torch.arange(kv_len, device=dev)
+        keys = torch.arange(kv_len, device=dev)
+        # One attention call over a view of consecutive slots when padding to the longest row wastes
+        # little; otherwise one call per row over its own prefix (no gather copy, no padding).
+        batched = slots == list(range(slots[0], slots[0] + B)) and sum(kv_lens) >= 0.8 * B * kv_len
+        mask = per_row = None
+        if batched and (T > 1 or len(set(starts)) > 1):
             mask = (keys[None, None, :] <= positions[:, :, None])[:, None]
-        valid = None if all_real else real.flatten().nonzero().squeeze(1)
+        if not batched:
+            per_row = [(slot, n, None if T == 1 else (keys[None, :n] <= positions[b, :, None])[None, None])
+                       for b, (slot, n) in enumerate(zip(slots, kv_lens))]
+        all_real = all(n == T for n in counts)
         meta = BatchMeta(
-            rows=slice(slots[0], slots[0] + B) if consecutive else slot_t,
+            rows=slice(slots[0], slots[0] + B) if batched else None,
+            per_row=per_row,
             write_slots=slot_t[:, None].expand(B, T)[real],
             write_pos=positions[real],
-            valid=valid,
+            valid=None if all_real else real.flatten().nonzero().squeeze(1),
             kv_len=kv_len,
             mask=mask,
             cos=cos,

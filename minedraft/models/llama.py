@@ -131,12 +131,13 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 class BatchMeta:
     """Where a padded [B, T] batch sits in the KV cache; built once per step by the runner."""
 
-    rows: slice | torch.Tensor  # the B cache slots, a slice when they are consecutive (no copy)
+    rows: slice | None  # consecutive cache slots attended in one call (a view: no copy) ...
+    per_row: list[tuple[int, int, torch.Tensor | None]] | None  # ... or (slot, kv length, mask) per row
     write_slots: torch.Tensor  # [N] slot of each real (non-padding) token
     write_pos: torch.Tensor  # [N] cache position of each real token
     valid: torch.Tensor | None  # [B*T] flat indices of real tokens; None when nothing is padded
     kv_len: int  # keys to attend over: max over rows of cached + new tokens
-    mask: torch.Tensor | None  # [B, 1, T, kv_len] True where a query may attend; None: attend all
+    mask: torch.Tensor | None  # [B, 1, T, kv_len] True where a query may attend; None: attend all (batched)
     cos: torch.Tensor  # [B, T, 1, head_dim]
     sin: torch.Tensor
 
@@ -180,9 +181,16 @@ class Attention(nn.Module):
         # Cache layout [slot, kv_head, position, head_dim]: write the new keys, read each row's prefix.
         k_cache[meta.write_slots, :, meta.write_pos] = k
         v_cache[meta.write_slots, :, meta.write_pos] = v
-        keys = k_cache[meta.rows, :, : meta.kv_len]
-        values = v_cache[meta.rows, :, : meta.kv_len]
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=meta.mask, enable_gqa=True)
+        q = q.transpose(1, 2)
+        if meta.rows is not None:
+            keys, values = k_cache[meta.rows, :, : meta.kv_len], v_cache[meta.rows, :, : meta.kv_len]
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=meta.mask, enable_gqa=True)
+        else:
+            out = torch.cat([
+                F.scaled_dot_product_attention(q[b : b + 1], k_cache[slot : slot + 1, :, :n],
+                                               v_cache[slot : slot + 1, :, :n], attn_mask=mask, enable_gqa=True)
+                for b, (slot, n, mask) in enumerate(meta.per_row)
+            ])
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 

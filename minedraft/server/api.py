@@ -43,7 +43,7 @@ class SamplingFields(BaseModel):
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=128)  # bounded: each choice holds a KV slot
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
