@@ -77,6 +77,15 @@ def sampling_params(req: SamplingFields, default_max_tokens: int) -> SamplingPar
 
 def create_app(server: AsyncEngine, model_name: str, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="MineDraft", description="OpenAI-compatible server with batch parallel speculative decoding")
+    document = app.openapi
+
+    def openapi() -> dict:  # the documented schema names the one model this server serves
+        schema = document()
+        for name in ("CompletionRequest", "ChatRequest"):
+            schema["components"]["schemas"][name]["properties"]["model"]["enum"] = [model_name]
+        return schema
+
+    app.openapi = openapi
     metrics = ServerMetrics(server)
     server.on_finish = metrics.observe
     engine = server.engine
