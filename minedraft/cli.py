@@ -11,8 +11,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0")
     parser.add_argument("--max-model-len", type=int, default=None, help="prompt + output tokens per request")
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+
+
+def add_speculative_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative-config", default=None,
-                        help='JSON, e.g. \'{"model": "self", "num_speculative_tokens": 4}\'')
+                        help='JSON, e.g. \'{"model": "self", "num_speculative_tokens": 4, "parallel": true}\'')
 
 
 def speculative_config(text: str | None) -> dict | None:
@@ -76,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="complete one prompt and print the completion")
     add_engine_args(gen)
+    add_speculative_arg(gen)
     gen.add_argument("--prompt", required=True, help="the prompt text")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     gen.add_argument("--max-tokens", type=int, default=128)
@@ -88,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     srv = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     add_engine_args(srv)
+    add_speculative_arg(srv)
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     srv.add_argument("--port", type=int, default=8000)
     srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ routes")
