@@ -22,6 +22,7 @@ from minedraft.bench.plots import plot_timeline
 from minedraft.config import MACHINE_CPUS
 from minedraft.drafters.remote import pin
 from minedraft.engine.metrics import SpecDecodeMetrics
+from minedraft.engine.sequence import RequestOutput
 from minedraft.theory import psd_speedup, psd_speedup_equal_concurrency
 
 MODES = ("ar", "sd", "sd-remote", "psd", "sd-2t")
@@ -54,23 +55,13 @@ def closed_loop(llm: LLM, prompts: list[list[int]], concurrency: int, params: Sa
             index[engine.add_request(prompt, params)] = i
         outs += [o for o in engine.step() if o.finished]
     makespan = time.perf_counter() - start
-    e2e = [o.finish_time - o.arrival_time for o in outs]
-    ttft = [o.first_token_time - o.arrival_time for o in outs]
-    tokens = [len(o.outputs[0].token_ids) for o in outs]
-    tpot = [(e - f) / (n - 1) for e, f, n in zip(e2e, ttft, tokens) if n > 1]
     trace = engine.trace or []
     verify = [e["end"] - e["start"] for e in trace if e["kind"] == "verify"]
     draft = [e["end"] - e["start"] for e in trace if e["kind"] == "draft"]
-    q = statistics.quantiles(e2e, n=100) if len(e2e) > 1 else e2e * 99
     metrics = engine.spec_metrics.as_dict()
     steps = metrics["num_steps"]
     return {
-        "output_tokens_per_s": sum(tokens) / makespan,
-        "requests_per_s": len(outs) / makespan,
-        "latency_mean_s": statistics.mean(e2e),
-        "latency_p50_s": q[49], "latency_p90_s": q[89], "latency_p99_s": q[98],
-        "ttft_mean_s": statistics.mean(ttft),
-        "tpot_mean_s": statistics.mean(tpot) if tpot else 0.0,
+        **request_figures(outs, makespan),
         "acceptance_rate": metrics["acceptance_rate"],
         "mean_acceptance_length": metrics["mean_acceptance_length"],
         "overlapped_share": metrics["num_overlapped_steps"] / steps if steps else 0.0,
@@ -79,6 +70,23 @@ def closed_loop(llm: LLM, prompts: list[list[int]], concurrency: int, params: Sa
         "makespan_s": makespan,
         "outputs": {index[o.request_id]: o.outputs[0].token_ids for o in outs},
         "trace": list(trace),
+    }
+
+
+def request_figures(outs: list[RequestOutput], makespan: float) -> dict:
+    """Throughput and per-request latency figures of finished requests (times in seconds)."""
+    e2e = [o.finish_time - o.arrival_time for o in outs]
+    ttft = [o.first_token_time - o.arrival_time for o in outs]
+    tokens = [len(o.outputs[0].token_ids) for o in outs]
+    tpot = [(e - f) / (n - 1) for e, f, n in zip(e2e, ttft, tokens) if n > 1]
+    q = statistics.quantiles(e2e, n=100, method="inclusive") if len(e2e) > 1 else e2e * 99
+    return {
+        "output_tokens_per_s": sum(tokens) / makespan,
+        "requests_per_s": len(outs) / makespan,
+        "latency_mean_s": statistics.mean(e2e),
+        "latency_p50_s": q[49], "latency_p90_s": q[89], "latency_p99_s": q[98],
+        "ttft_mean_s": statistics.mean(ttft),
+        "tpot_mean_s": statistics.mean(tpot) if tpot else 0.0,
     }
 
 
