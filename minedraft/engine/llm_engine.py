@@ -152,11 +152,15 @@ class LLMEngine:
                 seqs = self._parallel_step(seqs)
             else:
                 self._speculate(seqs)
-        except DrafterError as e:
+        except DrafterError as e:  # raised before any verification touched the sequences
             self._drafter_failed(e)
             self._decode(seqs)
+            return self._outputs(seqs)
         if isinstance(self.proposer, RemoteDrafter):
-            self.proposer.flush()
+            try:
+                self.proposer.flush()  # slots of finished sequences, freed while the drafter is idle
+            except DrafterError as e:
+                self._drafter_failed(e)
         return self._outputs(seqs)
 
     def _drafter_failed(self, error: Exception) -> None:
