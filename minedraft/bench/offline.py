@@ -56,8 +56,6 @@ def closed_loop(llm: LLM, prompts: list[list[int]], concurrency: int, params: Sa
         outs += [o for o in engine.step() if o.finished]
     makespan = time.perf_counter() - start
     trace = engine.trace or []
-    verify = [e["end"] - e["start"] for e in trace if e["kind"] == "verify"]
-    draft = [e["end"] - e["start"] for e in trace if e["kind"] == "draft"]
     metrics = engine.spec_metrics.as_dict()
     steps = metrics["num_steps"]
     return {
@@ -65,8 +63,7 @@ def closed_loop(llm: LLM, prompts: list[list[int]], concurrency: int, params: Sa
         "acceptance_rate": metrics["acceptance_rate"],
         "mean_acceptance_length": metrics["mean_acceptance_length"],
         "overlapped_share": metrics["num_overlapped_steps"] / steps if steps else 0.0,
-        "verify_s_median": statistics.median(verify) if verify else None,
-        "draft_s_median": statistics.median(draft) if draft else None,
+        **trace_figures(trace, makespan),
         "makespan_s": makespan,
         "outputs": {index[o.request_id]: o.outputs[0].token_ids for o in outs},
         "trace": list(trace),
@@ -87,6 +84,19 @@ def request_figures(outs: list[RequestOutput], makespan: float) -> dict:
         "latency_p50_s": q[49], "latency_p90_s": q[89], "latency_p99_s": q[98],
         "ttft_mean_s": statistics.mean(ttft),
         "tpot_mean_s": statistics.mean(tpot) if tpot else 0.0,
+    }
+
+
+def trace_figures(trace: list[dict], makespan: float) -> dict:
+    """Median verify and draft times, and the share of the run each side sat idle."""
+    verify = [e["end"] - e["start"] for e in trace if e["kind"] == "verify"]
+    draft = [e["end"] - e["start"] for e in trace if e["kind"] == "draft"]
+    target_busy = sum(e["end"] - e["start"] for e in trace if e["kind"] in ("verify", "decode"))
+    return {
+        "verify_s_median": statistics.median(verify) if verify else None,
+        "draft_s_median": statistics.median(draft) if draft else None,
+        "target_idle_share": max(0.0, 1 - target_busy / makespan),
+        "drafter_idle_share": max(0.0, 1 - sum(draft) / makespan) if draft else None,
     }
 
 
@@ -184,14 +194,16 @@ def fmt(value, spec: str) -> str:
 
 def print_table(rows: list[dict]) -> None:
     print("\n| mode | k | conc | tok/s | x ar | mean lat s | p90 lat s | TTFT s | TPOT ms | accept | "
-          "mean acc len | overlap | V ms | t ms | psd/sd | psd/sd-remote (pred) | same as ar |")
-    print("|" + "---|" * 17)
+          "mean acc len | overlap | target idle | drafter idle | V ms | t ms | psd/sd | psd/sd-remote (pred) | "
+          "same as ar |")
+    print("|" + "---|" * 19)
     for r in sorted(rows, key=lambda r: (r["concurrency"], r["k"] or 0, MODES.index(r["mode"]))):
         pred = r.get("predicted_psd_over_sd_remote")
         print(f"| {r['mode']} | {fmt(r['k'], 'd')} | {r['concurrency']} | {r['output_tokens_per_s']:.1f} | "
               f"{fmt(r['speedup_vs_ar'], '.2f')} | {r['latency_mean_s']:.2f} | {r['latency_p90_s']:.2f} | "
               f"{r['ttft_mean_s']:.2f} | {r['tpot_mean_s'] * 1e3:.0f} | {r['acceptance_rate']:.2f} | "
               f"{r['mean_acceptance_length']:.2f} | {r['overlapped_share']:.2f} | "
+              f"{fmt(r['target_idle_share'], '.2f')} | {fmt(r['drafter_idle_share'], '.2f')} | "
               f"{fmt(r['verify_s_median'] and r['verify_s_median'] * 1e3, '.0f')} | "
               f"{fmt(r['draft_s_median'] and r['draft_s_median'] * 1e3, '.0f')} | "
               f"{fmt(r.get('speedup_vs_sd'), '.2f')} | {fmt(r.get('speedup_vs_sd-remote'), '.2f')} "

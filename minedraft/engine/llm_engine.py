@@ -176,12 +176,15 @@ class LLMEngine:
         return None if seq.params.greedy else seq.generator or self.generator
 
     def _decode(self, seqs: list[Sequence]) -> None:
+        """A prefill or plain decode step: one target token per sequence."""
+        start = time.time()
         lengths = self.runner.cache.lengths
         logits = self.runner.forward([Row(s.slot, s.tokens_from(lengths[s.slot])) for s in seqs])
         probs = probabilities(logits, [s.params for s in seqs])
         tokens = sample(probs, [self._sampling_generator(s) for s in seqs])
         for seq, token in zip(seqs, tokens):
             self.append_tokens(seq, [token])
+        self._event("decode", -1, len(seqs), start, time.time())
 
     def _draft_len(self, seq: Sequence) -> int:
         """k, less near the end: a round emits at most k + 1 tokens and must fit in the context."""
@@ -246,8 +249,8 @@ class LLMEngine:
         self._event("verify", group, len(seqs), start, time.time(), accepted=accepted)
 
     def _event(self, kind: str, group: int, size: int, start: float, end: float, **extra) -> None:
-        """Append to the opt-in step trace: who (target: verify, drafter: draft) worked on which
-        sub-batch of how many sequences, from when to when (wall-clock seconds)."""
+        """Append to the opt-in step trace: who (target: decode or verify, drafter: draft) worked on
+        which sub-batch (-1: none) of how many sequences, from when to when (wall-clock seconds)."""
         if self.trace is not None:
             self.trace.append({"kind": kind, "group": group, "size": size, "start": start, "end": end, **extra})
 

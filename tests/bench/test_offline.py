@@ -32,3 +32,19 @@ def test_prompt_sets(tmp_path):
     assert select([1, 2, 3], 2, seed=1) == select([1, 2, 3], 2, seed=1)
     with pytest.raises(FileNotFoundError):
         load_prompts(str(tmp_path / "missing.jsonl"), 2)
+
+
+def test_trace_figures_on_a_known_timeline():
+    from minedraft.bench.offline import trace_figures
+
+    trace = [
+        {"kind": "decode", "group": -1, "size": 4, "start": 0.0, "end": 1.0},
+        {"kind": "draft", "group": 0, "size": 2, "start": 1.0, "end": 2.0},
+        {"kind": "draft", "group": 1, "size": 2, "start": 2.0, "end": 2.5},
+        {"kind": "verify", "group": 0, "size": 2, "start": 2.0, "end": 4.0},
+        {"kind": "verify", "group": 1, "size": 2, "start": 4.0, "end": 5.0},
+    ]
+    figures = trace_figures(trace, makespan=10.0)
+    assert figures["verify_s_median"] == 1.5 and figures["draft_s_median"] == 0.75
+    assert figures["target_idle_share"] == 0.6  # busy 1 + 2 + 1 of 10 s
+    assert figures["drafter_idle_share"] == 0.85  # busy 1.5 of 10 s
