@@ -15,6 +15,17 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch
 MACHINE_CPUS = sorted(os.sched_getaffinity(0))
 
 
+def check_device(name: str, value: str) -> torch.device:
+    """`value` as a torch device that exists here; ValueError naming `name` otherwise."""
+    try:
+        device = torch.device(value)
+    except RuntimeError:
+        raise ValueError(f"{name} {value!r} is not a torch device") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name} {value!r} asked for but CUDA is not available")
+    return device
+
+
 @dataclass
 class SpeculativeConfig:
     """vLLM-style `speculative_config`: {"method": "draft_model", "model": PATH | "self",
@@ -50,12 +61,7 @@ class SpeculativeConfig:
     def _validate_placement(self, target: "EngineConfig") -> None:
         if self.draft_device is None:
             self.draft_device = target.device
-        try:
-            device = torch.device(self.draft_device)
-        except RuntimeError:
-            raise ValueError(f"speculative_config draft_device {self.draft_device!r} is not a torch device") from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"speculative_config draft_device {self.draft_device!r} asked for but CUDA is not available")
+        device = check_device("speculative_config draft_device", self.draft_device)
         available = MACHINE_CPUS
         if device.type == "cpu" and torch.device(target.device).type == "cpu":
             if self.target_cpus is None and self.draft_cpus is None and len(available) >= 2:
@@ -138,12 +144,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        try:
-            device = torch.device(self.device)
-        except RuntimeError:
-            raise ValueError(f"device {self.device!r} is not a torch device") from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {self.device!r} asked for but CUDA is not available")
+        check_device("device", self.device)
         self.model_path = resolve_model(self.model)
         self.hf_config = read_config(self.model_path)
         self.model_args = ModelArgs.from_hf(self.hf_config)

@@ -8,7 +8,7 @@ from minedraft.models.llama import Decoder
 from minedraft.sampling import probabilities, sample
 
 
-def kept_tokens(seq: Sequence, view: tuple[int, list[int]] | None) -> int:
+def _kept_tokens(seq: Sequence, view: tuple[int, list[int]] | None) -> int:
     """How many tokens of a drafter's view of `seq` are still the sequence's tokens. The view is
     (tokens it had seen, drafts it made after them); None when it has not seen `seq`."""
     if view is None:
@@ -49,7 +49,7 @@ class DraftModelProposer:
                 self.slots[seq.seq_id] = cache.allocate()
             # Drop KV entries of drafts the target rejected since the last round.
             slot = self.slots[seq.seq_id]
-            cache.truncate(slot, min(cache.lengths[slot], kept_tokens(seq, self.views.get(seq.seq_id))))
+            cache.truncate(slot, min(cache.lengths[slot], _kept_tokens(seq, self.views.get(seq.seq_id))))
         pending = {i: seqs[i].tokens_from(cache.lengths[self.slots[seqs[i].seq_id]]) for i in active}
         # Long catch-ups (prompts) run on their own, so short rows are not padded to a prompt's length.
         long = [i for i in active if len(pending[i]) > 2]

@@ -1,8 +1,8 @@
 """The engine's handle on a drafter in its own process (minedraft.drafters.worker), on its own
 cores or GPU, reached through torch.distributed.
 
-Draft requests are keyed by sequence id and carry only what the drafter has not seen: how many of
-its tokens for the sequence are still valid, and the tokens after them.
+Draft requests are keyed by sequence id and carry only the sequence's tokens the drafter has not
+been sent yet; its proposer works out which of its KV entries (accepted drafts) stay valid.
 """
 
 import dataclasses
@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import torch
 
-from minedraft.drafters.draft_model import kept_tokens
 from minedraft.drafters.transport import ENGINE, Channel, DrafterError
 from minedraft.engine.sequence import Sequence
 
@@ -67,7 +66,7 @@ class RemoteDrafter:
         except DrafterError as e:
             self.close()
             raise DrafterError(f"drafter process failed to start: {e}") from None
-        self.views: dict[int, tuple[int, list[int]]] = {}  # seq_id -> (tokens it saw, drafts it made)
+        self.known: dict[int, int] = {}  # seq_id -> how many of the sequence's tokens the drafter has
         self.released: list[int] = []
         self.in_flight: list[Sequence] | None = None
         self.last_span: tuple[float, float] | None = None
@@ -86,9 +85,9 @@ class RemoteDrafter:
         items = []
         for seq, k in zip(seqs, num_tokens):
             gen_seed = None if seq.params.seed is None else drafter_seed(seq.params.seed, seq.index)
-            keep = kept_tokens(seq, self.views.get(seq.seq_id))
-            items.append((seq.seq_id, keep, seq.tokens_from(keep), k, seq.params, gen_seed))
-            self.views[seq.seq_id] = (len(seq), [])
+            known = self.known.get(seq.seq_id, 0)
+            items.append((seq.seq_id, seq.tokens_from(known), k, seq.params, gen_seed))
+            self.known[seq.seq_id] = len(seq)
         self._send({"op": "draft", "release": self.released, "seqs": items})
         self.released = []
         self.in_flight = seqs
@@ -103,12 +102,10 @@ class RemoteDrafter:
         out = {}
         for seq, drafts in zip(seqs, header["drafts"]):
             out[seq.seq_id] = (drafts, next(rows) if drafts and not seq.params.greedy else None)
-            if seq.seq_id in self.views:
-                self.views[seq.seq_id] = (self.views[seq.seq_id][0], drafts)
         return out
 
     def release(self, seq: Sequence) -> None:
-        if self.views.pop(seq.seq_id, None) is not None:
+        if self.known.pop(seq.seq_id, None) is not None:
             self.released.append(seq.seq_id)
 
     def flush(self) -> None:

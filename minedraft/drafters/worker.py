@@ -1,6 +1,6 @@
 """The drafter process: `python -m minedraft.drafters.worker ARGS_JSON`, started by RemoteDrafter.
 
-It keeps a mirror of each sequence's tokens (what the engine told it plus the drafts it made) and a
+It keeps a mirror of each sequence's verified tokens (sent by the engine a few at a time) and a
 DraftModelProposer over its own KV cache, and answers draft requests until told to stop.
 """
 
@@ -51,19 +51,16 @@ def worker_main(args: WorkerArgs) -> None:
         elif op == "draft":
             start = time.time()
             seqs, num_tokens, gens = [], [], []
-            for seq_id, keep, new_tokens, k, params, gen_seed in header["seqs"]:
+            for seq_id, new_tokens, k, params, gen_seed in header["seqs"]:
                 seq = mirrors.get(seq_id)
                 if seq is None:
                     gen = None if gen_seed is None else make_generator(gen_seed)
                     seq = mirrors[seq_id] = Sequence(seq_id, "", 0, None, [], params, gen, None)
-                del seq.output_token_ids[keep:]
                 seq.output_token_ids += new_tokens
                 seqs.append(seq)
                 num_tokens.append(k)
                 gens.append(None if params.greedy else seq.generator or default_gen)
             drafts, dists = proposer.propose(seqs, num_tokens, gens)
-            for seq, d in zip(seqs, drafts):
-                seq.output_token_ids += d  # the mirror now holds what the drafter assumed
             sampled = [q for q, g in zip(dists, gens) if q is not None and g is not None]
             tensors = [torch.cat(sampled)] if sampled else []
             channel.send({"drafts": drafts, "start": start, "end": time.time()}, tensors)

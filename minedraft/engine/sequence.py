@@ -35,10 +35,6 @@ class Sequence:
     first_token_time: float | None = None
     finish_time: float | None = None
 
-    @property
-    def token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
-
     def tokens_from(self, start: int) -> list[int]:
         """Prompt and output tokens from position `start` on (those not yet in the KV cache)."""
         prompt_len = len(self.prompt_token_ids)
