@@ -7,10 +7,12 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from minedraft import LLM, SamplingParams
 from minedraft.engine.model_runner import Row
+from minedraft.models.llama import Linear
 
 
 def streaming_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> float:
@@ -24,6 +26,21 @@ def streaming_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> float
         x @ w
         best = min(best, time.perf_counter() - t)
     return w.numel() * 4 / best
+
+
+def layout_check(model: torch.nn.Module, repeats: int = 5) -> tuple[float, float]:
+    """Best seconds to push one row through every linear weight of the model: in our [in, out]
+    layout (`x @ W`) and in F.linear's [out, in] layout. Why models/llama.py has its own Linear."""
+    weights = [m.weight for m in model.modules() if isinstance(m, Linear)]
+    transposed = [w.t().contiguous() for w in weights]
+    rows = {n: torch.randn(1, n, dtype=weights[0].dtype) for n in {w.shape[0] for w in weights}}
+
+    def best(fn) -> float:
+        return min(timed(fn) for _ in range(repeats))
+
+    ours = best(lambda: [rows[w.shape[0]] @ w for w in weights])
+    linear = best(lambda: [F.linear(rows[w.shape[0]], t) for w, t in zip(weights, transposed)])
+    return ours, linear
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -106,14 +123,19 @@ def run(args: argparse.Namespace) -> dict:
                     tput.setdefault((s.name, b), []).append(b * args.output_len / elapsed)
                     bar.update()
     bandwidth = streaming_bandwidth()
-    wbytes = weight_bytes(llm.engine.runner.model)
+    model = llm.engine.runner.model
+    wbytes = weight_bytes(model)
     floor = wbytes / bandwidth
+    ours_layout, linear_layout = layout_check(model)
     threads = torch.get_num_threads()
     print(f"\nweights {wbytes / 1e6:.0f} MB; streaming bandwidth {bandwidth / 1e9:.1f} GB/s on {threads} thread(s); "
           f"batch-1 floor {floor * 1e3:.1f} ms")
+    print(f"one row through every linear weight: x @ W[in, out] {ours_layout * 1e3:.1f} ms, "
+          f"F.linear with W[out, in] {linear_layout * 1e3:.1f} ms")
     print("\n| batch | minedraft step ms | transformers step ms | minedraft tok/s | transformers tok/s | tok/s ratio |")
     print("|---|---|---|---|---|---|")
-    result = {"threads": threads, "weight_bytes": wbytes, "bandwidth": bandwidth, "floor_s": floor, "rows": []}
+    result = {"threads": threads, "weight_bytes": wbytes, "bandwidth": bandwidth, "floor_s": floor,
+              "layout_ours_s": ours_layout, "layout_f_linear_s": linear_layout, "rows": []}
     for b in batch_sizes:
         ours_step, hf_step = (statistics.median(step[(n, b)]) for n in ("minedraft", "transformers"))
         ours_tput, hf_tput = (statistics.median(tput[(n, b)]) for n in ("minedraft", "transformers"))

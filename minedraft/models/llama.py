@@ -143,8 +143,8 @@ class BatchMeta:
 
 
 class Linear(nn.Module):
-    """x @ weight + bias, with the weight stored [in, out]: on CPU a batch-1 decode streams this
-    layout about a third faster than F.linear's [out, in] (docs/BENCHMARKS.md)."""
+    """x @ weight + bias, with the weight stored [in, out]: on CPU one row streams this layout
+    faster than F.linear's [out, in] (`minedraft bench decode` measures both; docs/BENCHMARKS.md)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
