@@ -1,4 +1,4 @@
-"""`minedraft generate | bench ...`: the command line."""
+"""`minedraft generate | serve | bench ... | derive-draft | train-draft`: the command line."""
 
 import argparse
 import json
@@ -64,6 +64,12 @@ def cmd_bench_offline(args: argparse.Namespace) -> None:
     run(args)
 
 
+def cmd_bench_draft(args: argparse.Namespace) -> None:
+    from minedraft.bench.draft import run
+
+    run(args)
+
+
 def cmd_derive_draft(args: argparse.Namespace) -> None:
     from pathlib import Path
 
@@ -71,6 +77,12 @@ def cmd_derive_draft(args: argparse.Namespace) -> None:
 
     out = derive_truncated(resolve_model(args.model), args.layers, Path(args.out))
     print(f"wrote a {args.layers}-layer draft checkpoint to {out}")
+
+
+def cmd_train_draft(args: argparse.Namespace) -> None:
+    from minedraft.training.train_draft import run
+
+    run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,11 +142,50 @@ def build_parser() -> argparse.ArgumentParser:
     off.add_argument("--seed", type=int, default=0)
     off.set_defaults(func=cmd_bench_offline)
 
+    drf = bench.add_parser("draft", help="a drafter's acceptance per Spec-Bench task and its cost ratio c")
+    drf.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M-Instruct)")
+    drf.add_argument("--draft-model", default=None, help="draft checkpoint folder or 'self' (default: the bundled drafter)")
+    drf.add_argument("--dataset", default="../shared/data/spec_bench_questions.jsonl", help="Spec-Bench questions jsonl")
+    drf.add_argument("--per-task", type=int, default=20, help="prompts per Spec-Bench task")
+    drf.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    drf.add_argument("--output-len", type=int, default=64)
+    drf.add_argument("--temperatures", default="0,1", help="comma-separated; 0 is greedy")
+    drf.add_argument("--max-num-seqs", type=int, default=16, help="requests in flight while measuring acceptance")
+    drf.add_argument("--max-model-len", type=int, default=2048)
+    drf.add_argument("--batch-sizes", default="1,8", help="batch sizes for the cost ratio")
+    drf.add_argument("--context", type=int, default=128, help="cached tokens per row when timing steps")
+    drf.add_argument("--steps", type=int, default=20, help="decode steps timed per repeat")
+    drf.add_argument("--repeats", type=int, default=3)
+    drf.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    drf.add_argument("--seed", type=int, default=0)
+    drf.add_argument("--output-json", default=None)
+    drf.set_defaults(func=cmd_bench_draft)
+
     der = sub.add_parser("derive-draft", help="write a draft checkpoint made of a target's first layers")
     der.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M-Instruct)")
     der.add_argument("--layers", type=int, required=True)
     der.add_argument("--out", required=True, help="output folder")
     der.set_defaults(func=cmd_derive_draft)
+
+    p = sub.add_parser("train-draft", help="distil a small drafter from a target (resumable; about 2 hours on 2 cores)")
+    p.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--out", required=True, help="work folder: data shards, checkpoints, log.jsonl")
+    p.add_argument("--export", default=None, help="where to write the drafter (default: OUT/model)")
+    p.add_argument("--num-prompts", type=int, default=512, help="training prompts the target answers (slow: it generates)")
+    p.add_argument("--num-texts", type=int, default=2560, help="documentation continuations the target scores (fast)")
+    p.add_argument("--shard-size", type=int, default=512)
+    p.add_argument("--max-tokens", type=int, default=192, help="longest reply recorded")
+    p.add_argument("--top-k", type=int, default=20, help="target log-probabilities kept per position")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="replies generated at once")
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--init-layers", default="0,1,2,3", help="target layers the drafter starts from")
+    p.add_argument("--vocab-size", type=int, default=8192, help="draft head size: most frequent reply tokens")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per optimiser step")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_train_draft)
     return parser
 
 

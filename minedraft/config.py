@@ -8,7 +8,7 @@ import torch
 
 from minedraft.kv_cache import KVCache
 from minedraft.models.llama import ModelArgs
-from minedraft.models.loader import read_config, resolve_model
+from minedraft.models.loader import default_draft_path, read_config, resolve_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 # The cores this process may use, read before any engine pins it to its own share of them.
@@ -29,7 +29,8 @@ def check_device(name: str, value: str) -> torch.device:
 @dataclass
 class SpeculativeConfig:
     """vLLM-style `speculative_config`: {"method": "draft_model", "model": PATH | "self",
-    "num_speculative_tokens": k}, plus where the drafter runs:
+    "num_speculative_tokens": k}, plus where the drafter runs. Without "model" the bundled target
+    drafts with the bundled drafter (minedraft/draft_models, made by `minedraft train-draft`).
 
     - neither `draft_device` nor `parallel`: standard SD, drafter in the engine's process;
     - `draft_device` without `parallel`: the drafter in its own process, strictly draft-then-verify;
@@ -96,8 +97,6 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config num_speculative_tokens must be an integer in 1..16, got {k!r}")
         if self.method != "draft_model":
             raise ValueError(f"speculative_config method must be 'draft_model', got {self.method!r}")
-        if self.model is None:
-            raise ValueError("speculative_config needs 'model': a draft checkpoint, or 'self' to draft with the target")
         if not isinstance(self.parallel, bool):
             raise ValueError(f"speculative_config parallel must be true or false, got {self.parallel!r}")
         if self.remote:
@@ -107,7 +106,10 @@ class SpeculativeConfig:
             if placed:
                 raise ValueError(f"speculative_config {placed[0]} applies only to a drafter in its own process: "
                                  "set 'parallel' or 'draft_device'")
-        self.model_path = target.model_path if self.model == "self" else resolve_model(self.model)
+        if self.model is None:
+            self.model_path = default_draft_path(target.model_path)
+        else:
+            self.model_path = target.model_path if self.model == "self" else resolve_model(self.model)
         draft = ModelArgs.from_hf(read_config(self.model_path))
         draft_vocab = draft.vocab_size
         if draft.max_position_embeddings < target.max_model_len:

@@ -5,6 +5,9 @@ from dataclasses import dataclass, field
 import torch
 
 
+MAX_LOGPROBS = 20
+
+
 @dataclass
 class SamplingParams:
     """How to sample one request. Greedy when `temperature` is 0."""
@@ -18,6 +21,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     seed: int | None = None
+    logprobs: int | None = None  # also return this many most likely tokens' log-probabilities
     stop_strings: tuple[str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -36,6 +40,8 @@ class SamplingParams:
             fail("max_tokens", "must be an integer >= 1")
         if self.seed is not None and not isinstance(self.seed, int):
             fail("seed", "must be an integer or None")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            fail("logprobs", f"must be None or an integer in 0..{MAX_LOGPROBS}")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
             fail("stop", "must be a non-empty string or a list of them")
@@ -85,6 +91,15 @@ def _truncate(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> tor
     drop[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def top_logprobs(logits: torch.Tensor, tokens: list[int], n: int) -> list[dict[int, float]]:
+    """Per row: log-probabilities of the chosen token and of the n most likely ones, under the
+    model's own distribution (before temperature, top-k and top-p, as vLLM reports them)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    values, ids = logp.topk(n, dim=-1)
+    return [{**dict(zip(i.tolist(), v.tolist())), t: float(row[t])}
+            for row, i, v, t in zip(logp, ids, values, tokens)]
 
 
 def sample(probs: torch.Tensor, generators: list[torch.Generator | None]) -> list[int]:

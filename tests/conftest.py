@@ -1,5 +1,7 @@
 """Shared fixtures: tiny random-weight checkpoints (float64) and the bundled SmolLM2 model."""
 
+import types
+
 import pytest
 import torch
 
@@ -65,3 +67,40 @@ def smollm2(smollm2_path):
     from minedraft import LLM
 
     return LLM(str(smollm2_path), max_num_seqs=8, max_model_len=512)
+
+
+def save_distilled_draft(path, target, init_layers=(1,), keep_every: int = 3):
+    """A drafter in the format `minedraft train-draft` exports: some of the target's layers, the
+    target's embedding (shared, not stored), a head over part of the vocabulary (float16)."""
+    from minedraft.models.loader import read_config
+    from minedraft.training.distill import Student
+
+    vocab = read_config(target)["vocab_size"]
+    ids = torch.tensor([i for i in range(vocab) if i % keep_every])
+    return Student(target, init_layers, ids).export(path, {})
+
+
+@pytest.fixture(scope="session")
+def tiny_distilled(tiny_llama, tmp_path_factory):
+    return save_distilled_draft(tmp_path_factory.mktemp("tiny_distilled"), tiny_llama)
+
+
+def keep_float64(hf_model):
+    """transformers computes RMSNorm and RoPE in float32 even in a float64 model; make those two
+    float64 so a 1e-9 comparison measures our decoder, not transformers' downcasts."""
+
+    def norm_forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    def rope_forward(self, x, position_ids):
+        freqs = position_ids[..., None].double() * self.inv_freq.double()
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+
+    for module in hf_model.modules():
+        name = type(module).__name__
+        if name.endswith("RMSNorm"):
+            module.forward = types.MethodType(norm_forward, module)
+        elif name.endswith("RotaryEmbedding"):
+            module.forward = types.MethodType(rope_forward, module)
+    return hf_model

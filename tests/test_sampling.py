@@ -1,6 +1,7 @@
+import pytest
 import torch
 
-from minedraft.sampling import SamplingParams, probabilities
+from minedraft.sampling import SamplingParams, probabilities, rejection_sample, top_logprobs
 
 
 def test_greedy_is_one_hot_at_argmax():
@@ -27,10 +28,6 @@ def test_top_p_keeps_at_least_the_top_token():
 
 
 # -- the rejection sampler, tested the way vLLM tests its own --------------------------------------
-
-import pytest  # noqa: E402
-
-from minedraft.sampling import rejection_sample  # noqa: E402
 
 
 def tv(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -97,3 +94,19 @@ def test_greedy_rejection_keeps_matching_prefix_then_target_argmax():
     p = probabilities(logits, [SamplingParams(temperature=0)] * 4)
     assert rejection_sample(p, None, [1, 0, 2], None) == [1, 0, 2, 0]  # all kept + bonus
     assert rejection_sample(p, None, [1, 2, 2], None) == [1, 0]  # second rejected: target's argmax
+
+
+def test_top_logprobs_are_the_models_own_and_include_the_chosen_token():
+    logits = torch.tensor([[2.0, 0.5, -1.0, 3.0], [0.0, 0.0, 1.0, -2.0]], dtype=torch.float64)
+    rows = top_logprobs(logits, [2, 3], 2)
+    logp = torch.log_softmax(logits, -1)
+    assert list(rows[0]) == [3, 0, 2]  # top two first, then the chosen token
+    assert rows[0][2] == pytest.approx(float(logp[0, 2]))
+    assert rows[1][3] == pytest.approx(float(logp[1, 3]))
+    assert list(top_logprobs(logits, [3], 1)[0]) == [3]
+
+
+@pytest.mark.parametrize("value", [-1, 21, 1.5])
+def test_bad_logprobs_is_named(value):
+    with pytest.raises(ValueError, match="logprobs"):
+        SamplingParams(logprobs=value)

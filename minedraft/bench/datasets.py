@@ -64,3 +64,23 @@ def _read(path: Path) -> list[str]:
                 out.append(item["turns"][0] if "turns" in item else item["prompt"])
         return out
     return [line for line in text.splitlines() if line.strip()]
+
+
+# Spec-Bench's own tasks; its remaining questions (MT-bench's writing, roleplay, ...) form one task.
+SPEC_BENCH_TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+
+
+def spec_bench_by_task(path: str) -> dict[str, list[str]]:
+    """First turns of a Spec-Bench jsonl, grouped by task."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"dataset {path!r} does not exist")
+    groups: dict[str, list[str]] = {}
+    for line in p.read_text().splitlines():
+        if line.strip():
+            item = json.loads(line)
+            if "category" not in item or "turns" not in item:
+                raise ValueError(f"dataset {path!r} is not Spec-Bench jsonl (needs 'category' and 'turns')")
+            task = item["category"] if item["category"] in SPEC_BENCH_TASKS else "mt_bench"
+            groups.setdefault(task, []).append(item["turns"][0])
+    return groups

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from minedraft import LLM, SamplingParams
-from minedraft.engine.model_runner import Row
+from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.models.llama import Linear
 
 
@@ -53,6 +53,18 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
+def decode_step_times(runner: ModelRunner, prompts: list[list[int]], steps: int) -> list[float]:
+    """Seconds per decode forward (one new token per row) after prefilling `prompts` into free slots."""
+    cache = runner.cache
+    slots = [cache.allocate() for _ in prompts]
+    try:
+        runner.forward([Row(s, p) for s, p in zip(slots, prompts)])
+        return [timed(lambda: runner.forward([Row(s, [7]) for s in slots])) for _ in range(steps)]
+    finally:
+        for s in slots:
+            cache.free(s)
+
+
 class Ours:
     name = "minedraft"
 
@@ -61,14 +73,7 @@ class Ours:
         self.runner = llm.engine.runner
 
     def step_times(self, prompts: list[list[int]], steps: int) -> list[float]:
-        cache = self.runner.cache
-        slots = [cache.allocate() for _ in prompts]
-        try:
-            self.runner.forward([Row(s, p) for s, p in zip(slots, prompts)])
-            return [timed(lambda: self.runner.forward([Row(s, [7]) for s in slots])) for _ in range(steps)]
-        finally:
-            for s in slots:
-                cache.free(s)
+        return decode_step_times(self.runner, prompts, steps)
 
     def generate_time(self, prompts: list[list[int]], output_len: int) -> float:
         params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)

@@ -22,6 +22,7 @@ from minedraft.engine.sequence import Sequence
 @dataclass(frozen=True)
 class WorkerArgs:
     model_path: str
+    target_path: str  # a drafter may share its target's input embedding
     dtype: str  # a name in minedraft.config.DTYPES
     device: str
     num_slots: int

@@ -18,7 +18,8 @@ from minedraft.drafters.draft_model import DraftModelProposer
 from minedraft.drafters.remote import WorkerArgs, pin
 from minedraft.drafters.transport import DRAFTER, Channel
 from minedraft.engine.sequence import Sequence
-from minedraft.models.loader import load_model
+from minedraft.models.llama import ModelArgs
+from minedraft.models.loader import load_model, read_config, read_embedding
 from minedraft.sampling import make_generator
 
 
@@ -33,7 +34,10 @@ def worker_main(args: WorkerArgs) -> None:
     pin(args.cpus)
     channel = Channel(args.init_method, DRAFTER, timeout_s=24 * 3600)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    proposer = DraftModelProposer(load_model(Path(args.model_path), dtype, device), args.num_slots,
+    draft_path = Path(args.model_path)
+    shared = ModelArgs.from_hf(read_config(draft_path)).shared_embedding
+    embedding = read_embedding(Path(args.target_path)) if shared else None
+    proposer = DraftModelProposer(load_model(draft_path, dtype, device, embedding), args.num_slots,
                                   args.max_len, dtype, device)
     mirrors: dict[int, Sequence] = {}
     default_gen = make_generator(args.seed)

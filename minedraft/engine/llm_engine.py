@@ -18,7 +18,8 @@ from minedraft.engine.scheduler import Scheduler
 from minedraft.engine.sequence import RequestOutput, Sequence, Status
 from minedraft.models.llama import Decoder
 from minedraft.models.loader import eos_token_ids, load_model, load_tokenizer
-from minedraft.sampling import SamplingParams, make_generator, probabilities, rejection_sample, sample
+from minedraft.sampling import (SamplingParams, make_generator, probabilities, rejection_sample, sample,
+                                top_logprobs)
 
 log = logging.getLogger("minedraft")
 
@@ -51,11 +52,12 @@ class LLMEngine:
     def _make_proposer(self, target: Decoder) -> DraftModelProposer | RemoteDrafter:
         c, spec, device = self.config, self.config.speculative, torch.device(self.config.device)
         if not spec.remote:
-            draft = target if spec.model == "self" else load_model(spec.model_path, c.torch_dtype, device)
+            draft = target if spec.model == "self" else load_model(spec.model_path, c.torch_dtype, device,
+                                                                   embedding=target.input_embedding)
             return DraftModelProposer(draft, c.num_slots, c.max_model_len, c.torch_dtype, device)
         pin(tuple(spec.target_cpus) if spec.target_cpus else None)
         address = spec.rendezvous or f"tcp://127.0.0.1:{free_port()}"
-        args = WorkerArgs(str(spec.model_path), c.dtype, spec.draft_device, c.num_slots, c.max_model_len,
+        args = WorkerArgs(str(spec.model_path), str(c.model_path), c.dtype, spec.draft_device, c.num_slots, c.max_model_len,
                           spec.draft_cpus, address, c.seed + 1)
         return RemoteDrafter(args, spec.draft_timeout_s)
 
@@ -102,7 +104,7 @@ class LLMEngine:
         for i in range(params.n):
             gen = None if params.seed is None else make_generator(params.seed + i)
             seq = Sequence(next(self._seq_ids), request_id, i, text, token_ids, params, gen,
-                           self.detokenizer.start(len(token_ids)))
+                           self.detokenizer.start(len(token_ids)), logprobs=None if params.logprobs is None else [])
             self.scheduler.add(seq)
             seqs.append(seq)
         self.requests[request_id] = seqs
@@ -182,8 +184,8 @@ class LLMEngine:
         logits = self.runner.forward([Row(s.slot, s.tokens_from(lengths[s.slot])) for s in seqs])
         probs = probabilities(logits, [s.params for s in seqs])
         tokens = sample(probs, [self._sampling_generator(s) for s in seqs])
-        for seq, token in zip(seqs, tokens):
-            self.append_tokens(seq, [token])
+        for i, (seq, token) in enumerate(zip(seqs, tokens)):
+            self.append_tokens(seq, [token], self._logprobs(seq, logits[i : i + 1], [token]))
         self._event("decode", -1, len(seqs), start, time.time())
 
     def _draft_len(self, seq: Sequence) -> int:
@@ -237,13 +239,14 @@ class LLMEngine:
         rows = [Row(s.slot, s.tokens_from(cache.lengths[s.slot]) + d, len(d) + 1) for s, d in zip(seqs, drafts)]
         logits = self.runner.forward(rows)
         params = [s.params for s, d in zip(seqs, drafts) for _ in range(len(d) + 1)]
-        targets = probabilities(logits, params).split([len(d) + 1 for d in drafts])
+        sizes = [len(d) + 1 for d in drafts]
+        targets = probabilities(logits, params).split(sizes)
         accepted = []
-        for seq, d, q, p, gen in zip(seqs, drafts, dists, targets, gens):
+        for seq, d, q, p, gen, row_logits in zip(seqs, drafts, dists, targets, gens, logits.split(sizes)):
             tokens = rejection_sample(p, q, d, gen)
             accepted.append(len(tokens) - 1)
             self.spec_metrics.observe(len(d), len(tokens) - 1)
-            self.append_tokens(seq, tokens)
+            self.append_tokens(seq, tokens, self._logprobs(seq, row_logits[: len(tokens)], tokens))
             if seq.status != Status.FINISHED:  # drop the target's KV entries of rejected drafts
                 cache.truncate(seq.slot, len(seq) - 1)
         self._event("verify", group, len(seqs), start, time.time(), accepted=accepted)
@@ -254,12 +257,20 @@ class LLMEngine:
         if self.trace is not None:
             self.trace.append({"kind": kind, "group": group, "size": size, "start": start, "end": end, **extra})
 
-    def append_tokens(self, seq: Sequence, tokens: list[int]) -> None:
+    @staticmethod
+    def _logprobs(seq: Sequence, logits: torch.Tensor, tokens: list[int]) -> list[dict[int, float]] | None:
+        """Log-probabilities for the tokens a sequence is about to append, if it asked for them."""
+        n = seq.params.logprobs
+        return None if n is None else top_logprobs(logits, tokens, n)
+
+    def append_tokens(self, seq: Sequence, tokens: list[int], logprobs: list[dict[int, float]] | None = None) -> None:
         """Append generated tokens one by one, stopping (and freeing the slot) at the first stop."""
         if seq.first_token_time is None:
             seq.first_token_time = time.perf_counter()
-        for token in tokens:
+        for i, token in enumerate(tokens):
             seq.output_token_ids.append(token)
+            if logprobs is not None:
+                seq.logprobs.append(logprobs[i])
             reason = self._stop_reason(seq, token)
             if reason is not None:
                 self._finish(seq, reason)

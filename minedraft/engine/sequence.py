@@ -27,6 +27,7 @@ class Sequence:
     generator: torch.Generator | None
     decode_state: DecodeState
     output_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, float]] | None = None  # per output token, when params.logprobs is set
     text: str = ""
     status: Status = Status.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
@@ -52,6 +53,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     finish_reason: str | None
+    logprobs: list[dict[int, float]] | None = None  # per token: {token id: log-probability}
 
 
 @dataclass
@@ -68,7 +70,8 @@ class RequestOutput:
     @classmethod
     def from_sequences(cls, seqs: list[Sequence]) -> "RequestOutput":
         first = seqs[0]
-        outputs = [CompletionOutput(s.index, s.text, list(s.output_token_ids), s.finish_reason) for s in seqs]
+        outputs = [CompletionOutput(s.index, s.text, list(s.output_token_ids), s.finish_reason,
+                                    None if s.logprobs is None else list(s.logprobs)) for s in seqs]
         done = all(s.status == Status.FINISHED for s in seqs)
         firsts = [s.first_token_time for s in seqs if s.first_token_time is not None]
         return cls(first.request_id, first.prompt, first.prompt_token_ids, outputs, done, first.arrival_time,

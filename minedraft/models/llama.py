@@ -31,6 +31,10 @@ class ModelArgs:
     qkv_bias: bool
     o_bias: bool
     qk_norm: bool
+    # A drafter made for a target (minedraft.training): its head covers only these many tokens
+    # (ids in the `draft_vocab` tensor), and it reads the target's input embedding.
+    draft_vocab_size: int | None = None
+    shared_embedding: bool = False
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "ModelArgs":
@@ -56,6 +60,7 @@ class ModelArgs:
             keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
             scaling = tuple((k, float(rope[k])) for k in keys)
         bias = bool(cfg.get("attention_bias", False))
+        draft = cfg.get("minedraft_draft") or {}
         num_heads = cfg["num_attention_heads"]
         return cls(
             vocab_size=cfg["vocab_size"],
@@ -73,6 +78,8 @@ class ModelArgs:
             qkv_bias=bias or arch == "Qwen2ForCausalLM",
             o_bias=bias,
             qk_norm=arch == "Qwen3ForCausalLM",
+            draft_vocab_size=draft.get("draft_vocab_size"),
+            shared_embedding=draft.get("embedding") == "target",
         )
 
 
@@ -227,24 +234,39 @@ class Decoder(nn.Module):
         self.embed = None if args.tie_word_embeddings else nn.Parameter(torch.empty(args.vocab_size, args.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.lm_head = Linear(args.hidden_size, args.draft_vocab_size or args.vocab_size, bias=False)
+        self.draft_vocab = None if args.draft_vocab_size is None else nn.Buffer(
+            torch.empty(args.draft_vocab_size, dtype=torch.long))
+
+    @property
+    def input_embedding(self) -> torch.Tensor:
+        """[vocab, hidden]; a view of the LM head when the two are tied."""
+        return self.lm_head.weight.T if self.embed is None else self.embed
 
     def forward(self, input_ids: torch.Tensor, meta: BatchMeta, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """Hidden states [B, T, hidden] after the final norm; k_cache/v_cache are [layers, slots, ...]."""
-        x = self.lm_head.weight.T[input_ids] if self.embed is None else self.embed[input_ids]
+        x = self.input_embedding[input_ids]
         for i, layer in enumerate(self.layers):
             x = layer(x, meta, k_cache[i], v_cache[i])
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        """Logits over the whole vocabulary. A reduced draft head scores its own tokens and gives
+        the rest -inf (probability 0: speculative sampling stays exact for any draft distribution)."""
+        logits = self.lm_head(hidden)
+        if self.draft_vocab is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.args.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.draft_vocab, logits)
 
 
 def fuse_hf_state_dict(args: ModelArgs, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Map Hugging Face parameter names onto ours: q/k/v and gate/up concatenated, linear weights
-    transposed to [in, out]."""
+    transposed to [in, out]. A drafter sharing its target's embedding finds it in `hf` too."""
     embed = hf["model.embed_tokens.weight"]
     out = {"norm.weight": hf["model.norm.weight"]}
+    if args.draft_vocab_size is not None:
+        out["draft_vocab"] = hf["draft_vocab"]
     if args.tie_word_embeddings:
         out["lm_head.weight"] = embed.t()
     else:

