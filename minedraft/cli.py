@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     off = bench.add_parser("offline", help="ar / sd / psd throughput and latency, interleaved in one run")
     off.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M-Instruct)")
-    off.add_argument("--draft-model", default="self", help="draft checkpoint folder, or 'self'")
+    off.add_argument("--draft-model", default=None, help="draft checkpoint folder or 'self' (default: the bundled drafter)")
     off.add_argument("--modes", default="ar,sd,sd-remote,psd,sd-2t", help="comma-separated: ar,sd,sd-remote,psd,sd-2t")
     off.add_argument("--num-speculative-tokens", default="1,2,3,4,5", help="comma-separated k values")
     off.add_argument("--concurrency", default="8,16", help="comma-separated numbers of requests in flight")
@@ -144,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     drf = bench.add_parser("draft", help="a drafter's acceptance per Spec-Bench task and its cost ratio c")
     drf.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M-Instruct)")
+    drf.add_argument("--method", default="draft_model", choices=["draft_model", "ngram"])
     drf.add_argument("--draft-model", default=None, help="draft checkpoint folder or 'self' (default: the bundled drafter)")
     drf.add_argument("--dataset", default="../shared/data/spec_bench_questions.jsonl", help="Spec-Bench questions jsonl")
     drf.add_argument("--per-task", type=int, default=20, help="prompts per Spec-Bench task")

@@ -29,7 +29,9 @@ def check_device(name: str, value: str) -> torch.device:
 @dataclass
 class SpeculativeConfig:
     """vLLM-style `speculative_config`: {"method": "draft_model", "model": PATH | "self",
-    "num_speculative_tokens": k}, plus where the drafter runs. Without "model" the bundled target
+    "num_speculative_tokens": k}, or {"method": "ngram", "prompt_lookup_min": a,
+    "prompt_lookup_max": b, "num_speculative_tokens": k} (prompt lookup, no draft model), plus
+    where a draft model runs. Without "model" the bundled target
     drafts with the bundled drafter (minedraft/draft_models, made by `minedraft train-draft`).
 
     - neither `draft_device` nor `parallel`: standard SD, drafter in the engine's process;
@@ -49,10 +51,12 @@ class SpeculativeConfig:
     draft_cpus: list[int] | None = None
     rendezvous: str | None = None
     draft_timeout_s: float = 60.0
-    model_path: Path = field(init=False)
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+    model_path: Path | None = field(init=False)  # None for ngram
 
     KEYS = ("method", "model", "num_speculative_tokens", "parallel", "draft_device", "target_cpus",
-            "draft_cpus", "rendezvous", "draft_timeout_s")
+            "draft_cpus", "rendezvous", "draft_timeout_s", "prompt_lookup_min", "prompt_lookup_max")
 
     @property
     def remote(self) -> bool:
@@ -78,6 +82,18 @@ class SpeculativeConfig:
         if not isinstance(self.draft_timeout_s, (int, float)) or self.draft_timeout_s <= 0:
             raise ValueError(f"speculative_config draft_timeout_s must be > 0, got {self.draft_timeout_s!r}")
 
+    def _validate_ngram(self) -> None:
+        if self.model is not None:
+            raise ValueError("speculative_config method 'ngram' drafts from the sequence itself: drop 'model'")
+        if self.remote:
+            raise ValueError("speculative_config method 'ngram' runs in the engine's process: drop 'parallel' "
+                             "and 'draft_device'")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) or not 1 <= lo <= hi:
+            raise ValueError("speculative_config needs integers 1 <= prompt_lookup_min <= prompt_lookup_max, "
+                             f"got {lo!r} and {hi!r}")
+        self.model_path = None
+
     @classmethod
     def from_dict(cls, spec: dict, target: "EngineConfig") -> "SpeculativeConfig":
         if not isinstance(spec, dict):
@@ -95,8 +111,11 @@ class SpeculativeConfig:
         k = self.num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
             raise ValueError(f"speculative_config num_speculative_tokens must be an integer in 1..16, got {k!r}")
-        if self.method != "draft_model":
-            raise ValueError(f"speculative_config method must be 'draft_model', got {self.method!r}")
+        if self.method not in ("draft_model", "ngram"):
+            raise ValueError(f"speculative_config method must be 'draft_model' or 'ngram', got {self.method!r}")
+        if self.method == "ngram":
+            self._validate_ngram()
+            return
         if not isinstance(self.parallel, bool):
             raise ValueError(f"speculative_config parallel must be true or false, got {self.parallel!r}")
         if self.remote:

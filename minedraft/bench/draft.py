@@ -52,10 +52,12 @@ def run(args: argparse.Namespace) -> dict:
         torch.set_num_threads(args.num_threads)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     temperatures = [float(t) for t in args.temperatures.split(",")]
-    spec = {"num_speculative_tokens": args.k, **({} if args.draft_model is None else {"model": args.draft_model})}
+    spec = {"num_speculative_tokens": args.k, "method": args.method,
+            **({} if args.draft_model is None else {"model": args.draft_model})}
     llm = LLM(args.model, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, speculative_config=spec)
-    result: dict = {"k": args.k, "output_len": args.output_len, "threads": torch.get_num_threads()}
-    result["cost"] = cost_ratio(llm, batch_sizes, args.context, args.steps, args.repeats)
+    result: dict = {"method": args.method, "k": args.k, "output_len": args.output_len, "threads": torch.get_num_threads()}
+    # Prompt lookup has no model to time.
+    result["cost"] = cost_ratio(llm, batch_sizes, args.context, args.steps, args.repeats) if args.method == "draft_model" else []
     tasks = {task: select(prompts, args.per_task, args.seed) for task, prompts in spec_bench_by_task(args.dataset).items()}
     result["acceptance"] = {}
     with tqdm(total=len(tasks) * len(temperatures), desc="bench draft") as bar:
@@ -68,8 +70,9 @@ def run(args: argparse.Namespace) -> dict:
             result["acceptance"][str(temperature)] = {"tasks": per_task, "overall": total}
     llm.close()
 
-    print(f"\ncost ratio c = draft step / target step ({result['threads']} thread(s), context {args.context}):")
-    print("| batch | target step ms | draft step ms | c |\n|---|---|---|---|")
+    if result["cost"]:
+        print(f"\ncost ratio c = draft step / target step ({result['threads']} thread(s), context {args.context}):")
+        print("| batch | target step ms | draft step ms | c |\n|---|---|---|---|")
     for r in result["cost"]:
         print(f"| {r['batch']} | {r['target_step_s'] * 1e3:.1f} | {r['draft_step_s'] * 1e3:.1f} | {r['c']:.3f} |")
     print(f"\nacceptance rate at k = {args.k} ({args.per_task} prompts per task, {args.output_len} output tokens):")

@@ -112,7 +112,8 @@ def run(args: argparse.Namespace) -> dict:
     for mode in modes:
         cores, spec = placement(mode)
         pin(tuple(cores))
-        spec_config = None if spec is None else {"model": args.draft_model, "num_speculative_tokens": max(ks), **spec}
+        draft = {} if args.draft_model is None else {"model": args.draft_model}
+        spec_config = None if spec is None else {**draft, "num_speculative_tokens": max(ks), **spec}
         llms[mode] = LLM(args.model, max_num_seqs=max(concurrencies), max_model_len=max_len, seed=args.seed,
                          speculative_config=spec_config, trace=True)
     engine = next(iter(llms.values())).engine

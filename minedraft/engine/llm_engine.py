@@ -7,7 +7,7 @@ import time
 import torch
 
 from minedraft.config import EngineConfig
-from minedraft.drafters import DraftModelProposer
+from minedraft.drafters import DraftModelProposer, NgramProposer
 from minedraft.drafters.remote import RemoteDrafter, WorkerArgs, free_port, pin
 from minedraft.drafters.transport import DrafterError
 from minedraft.engine.batch_manager import BatchManager
@@ -49,8 +49,11 @@ class LLMEngine:
         self._ids = itertools.count()
         self._seq_ids = itertools.count()
 
-    def _make_proposer(self, target: Decoder) -> DraftModelProposer | RemoteDrafter:
+    def _make_proposer(self, target: Decoder) -> DraftModelProposer | NgramProposer | RemoteDrafter:
         c, spec, device = self.config, self.config.speculative, torch.device(self.config.device)
+        if spec.method == "ngram":
+            return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, target.args.vocab_size,
+                                 c.torch_dtype)
         if not spec.remote:
             draft = target if spec.model == "self" else load_model(spec.model_path, c.torch_dtype, device,
                                                                    embedding=target.input_embedding)

@@ -161,6 +161,33 @@ def test_a_reduced_vocabulary_drafter_keeps_the_targets_distribution(small_vocab
     assert tv < 1.5 * noise, (tv, noise)
 
 
+NGRAM = {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+
+
+def test_greedy_ngram_drafting_equals_ar(ar, tiny_llama):
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    expected = token_ids(ar.generate(prompts, greedy_params(), use_tqdm=False))
+    sd = LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=96,
+             speculative_config={**NGRAM, "num_speculative_tokens": 3})
+    assert token_ids(sd.generate(prompts, greedy_params(), use_tqdm=False)) == expected
+    assert 0 < sd.get_metrics()["acceptance_rate"] < 1
+
+
+def test_ngram_drafting_keeps_the_targets_distribution(small_vocab_pair):
+    """Lookup drafts are certain (q one-hot): kept with probability p(x), else the residual."""
+    target, _ = small_vocab_pair
+    prompt = [1, 5, 7, 2, 1, 5, 7, 2, 3, 4, 6, 8, 9, 10, 11, 0]  # every token occurs: always a draft
+    exact = exact_second_token_distribution(target, prompt)
+    sd = LLM(str(target), dtype="float64", max_num_seqs=64, max_model_len=32,
+             speculative_config={**NGRAM, "num_speculative_tokens": 2})
+    n = 6000
+    empirical = second_token_histogram(sd, prompt, n, exact.numel())
+    tv = 0.5 * (empirical - exact).abs().sum().item()
+    noise = 0.5 * torch.sqrt(2 * exact * (1 - exact) / (torch.pi * n)).sum().item()
+    assert sd.get_metrics()["num_accepted_tokens"] > 0
+    assert tv < 1.5 * noise, (tv, noise)
+
+
 @pytest.mark.parametrize("spec,message", [
     ({"model": "self", "num_speculative_tokens": 0}, "num_speculative_tokens"),
     ({"model": "self", "num_speculative_tokens": 17}, "num_speculative_tokens"),
@@ -168,6 +195,10 @@ def test_a_reduced_vocabulary_drafter_keeps_the_targets_distribution(small_vocab
     ({"model": "self"}, "num_speculative_tokens"),
     ({"model": "self", "num_speculative_tokens": 2, "method": "eagle"}, "method"),
     ({"model": "/no/such/draft", "num_speculative_tokens": 2}, "does not exist"),
+    ({"method": "ngram", "model": "self", "num_speculative_tokens": 2}, "drop 'model'"),
+    ({"method": "ngram", "parallel": True, "num_speculative_tokens": 2}, "engine's process"),
+    ({"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2, "num_speculative_tokens": 2},
+     "prompt_lookup_min <= prompt_lookup_max"),
 ])
 def test_bad_speculative_config_is_named(tiny_llama, spec, message):
     with pytest.raises((ValueError, FileNotFoundError), match=message):

@@ -1,0 +1,40 @@
+"""Prompt lookup (n-gram) drafting: no draft model. If the sequence's last n tokens occurred
+before, propose the tokens that followed them there. It pays off where replies copy from their
+context (summaries, answers from a passage, code edits)."""
+
+import torch
+
+from minedraft.engine.sequence import Sequence
+
+
+def lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """Up to k tokens that followed the latest earlier occurrence of the longest suffix of
+    `tokens` with min_n..max_n tokens; [] when no such suffix occurred before."""
+    for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
+        suffix = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):  # latest match first
+            if tokens[start : start + n] == suffix:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+class NgramProposer:
+    def __init__(self, min_n: int, max_n: int, vocab_size: int, dtype: torch.dtype):
+        self.min_n, self.max_n, self.vocab_size, self.dtype = min_n, max_n, vocab_size, dtype
+
+    def propose(
+        self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None]
+    ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+        """Drafts (at most num_tokens[i], maybe none) and their distributions: each draft token was
+        chosen with certainty, so q is one-hot, and rejection sampling keeps it with probability p(x)."""
+        drafts = [lookup(s.prompt_token_ids + s.output_token_ids, self.min_n, self.max_n, k) if k else []
+                  for s, k in zip(seqs, num_tokens)]
+        dists = []
+        for d in drafts:
+            q = torch.zeros(len(d), self.vocab_size, dtype=self.dtype)
+            q[torch.arange(len(d)), torch.tensor(d, dtype=torch.long)] = 1.0
+            dists.append(q if d else None)
+        return drafts, dists
+
+    def release(self, seq: Sequence) -> None:
+        """Nothing to free: the proposer keeps no state per sequence."""
