@@ -64,6 +64,12 @@ def cmd_bench_offline(args: argparse.Namespace) -> None:
     run(args)
 
 
+def cmd_bench_serve(args: argparse.Namespace) -> None:
+    from minedraft.bench.serve import run
+
+    run(args)
+
+
 def cmd_bench_draft(args: argparse.Namespace) -> None:
     from minedraft.bench.draft import run
 
@@ -141,6 +147,21 @@ def build_parser() -> argparse.ArgumentParser:
     off.add_argument("--plot-dir", default=None, help="write timeline PNGs of psd and sd-remote runs here")
     off.add_argument("--seed", type=int, default=0)
     off.set_defaults(func=cmd_bench_offline)
+
+    srv_b = bench.add_parser("serve", help="load an OpenAI-compatible server with streamed chat requests")
+    srv_b.add_argument("--base-url", default="http://127.0.0.1:8000")
+    srv_b.add_argument("--served-model", default=None, help="model id (default: the server's first)")
+    srv_b.add_argument("--api-key", default=None)
+    srv_b.add_argument("--dataset", default=None, help="Spec-Bench / prompt jsonl, ShareGPT json or text; default: built-in")
+    srv_b.add_argument("--num-prompts", type=int, default=32)
+    srv_b.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second (inf: all at once)")
+    srv_b.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most (closed loop)")
+    srv_b.add_argument("--output-len", type=int, default=64)
+    srv_b.add_argument("--temperature", type=float, default=0.0)
+    srv_b.add_argument("--ignore-eos", action="store_true")
+    srv_b.add_argument("--seed", type=int, default=0)
+    srv_b.add_argument("--output-json", default=None)
+    srv_b.set_defaults(func=cmd_bench_serve)
 
     drf = bench.add_parser("draft", help="a drafter's acceptance per Spec-Bench task and its cost ratio c")
     drf.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M-Instruct)")

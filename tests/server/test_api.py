@@ -1,61 +1,13 @@
 """The OpenAI-compatible server, driven by the official openai client and raw HTTP."""
 
 import asyncio
-import shutil
-import socket
-import threading
 import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
-from conftest import save_tiny_checkpoint
-from minedraft.config import EngineConfig
-from minedraft.engine.llm_engine import LLMEngine
-from minedraft.server.api import create_app
-from minedraft.server.async_engine import AsyncEngine
-
-KEY = "test-key"
-
-
-@pytest.fixture(scope="module")
-def tiny_chat(tmp_path_factory, smollm2_path):
-    """A tiny random model with SmolLM2's tokenizer and chat template: text in, (random) text out."""
-    folder = save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_chat"), "llama", vocab_size=49152,
-                                  max_position_embeddings=512)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (smollm2_path / name).is_file():
-            shutil.copy(smollm2_path / name, folder / name)
-    return folder
-
-
-class LiveServer:
-    def __init__(self, model, max_queue=256, api_key=KEY, **engine_kwargs):
-        config = EngineConfig(model=str(model), max_model_len=256, **engine_kwargs)
-        self.engine = AsyncEngine(LLMEngine(config), max_queue=max_queue)
-        app = create_app(self.engine, "test-model", api_key)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=KEY)
-
-    def close(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.engine.shutdown()
-
-    def running(self) -> float:
-        text = httpx.get(self.url + "/metrics").text
-        return float(next(line.split()[-1] for line in text.splitlines()
-                          if line.startswith("minedraft:num_requests_running ")))
+from conftest import KEY, LiveServer
 
 
 @pytest.fixture(scope="module", params=["ar", "psd"])
