@@ -154,11 +154,12 @@ def test_a_reduced_vocabulary_drafter_keeps_the_targets_distribution(small_vocab
              speculative_config={"model": str(draft), "num_speculative_tokens": 2})
     n = 6000
     empirical = second_token_histogram(sd, prompt, n, exact.numel())
-    tv = 0.5 * (empirical - exact).abs().sum().item()
-    noise = 0.5 * torch.sqrt(2 * exact * (1 - exact) / (torch.pi * n)).sum().item()
     assert sd.get_metrics()["num_accepted_tokens"] > 0
     assert empirical[::3].sum() > 0.1  # tokens the drafter cannot propose do come out
-    assert tv < 1.5 * noise, (tv, noise)
+    # Pearson's chi-square with 11 degrees of freedom; 31.26 is its 0.999 quantile: a lossless
+    # sampler fails one seed in a thousand.
+    chi2 = (n * (empirical - exact) ** 2 / exact).sum().item()
+    assert chi2 < 31.26, chi2
 
 
 NGRAM = {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}
