@@ -3,6 +3,7 @@ target's replies to the training prompts, and its predictions along documentatio
 shards), distillation (checkpoints), export (a checkpoint folder)."""
 
 import argparse
+import json
 import logging
 from pathlib import Path
 
@@ -31,5 +32,30 @@ def run(args: argparse.Namespace) -> Path:
     student = train(target, shards, work / "train", config, eos_token_ids(target, load_tokenizer(target)))
     recipe = {k: v for k, v in vars(args).items() if k != "func"}
     out = student.export(Path(args.export) if args.export else work / "model", {"recipe": recipe})
-    print(f"wrote the drafter to {out}")
+    plot_log(work / "train" / "log.jsonl", work / "agreement.png")
+    print(f"wrote the drafter to {out} and its training curve to {work / 'agreement.png'}")
     return out
+
+
+def plot_log(log_path: Path, png: Path) -> None:
+    """Held-out top-1 agreement with the target and loss against training time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in log_path.read_text().splitlines()]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    minutes = [r["time_s"] / 60 for r in rows]
+    for kind in ("greedy", "sampled", "forced"):
+        if f"{kind}_agreement" in rows[0]:
+            ax1.plot(minutes, [r[f"{kind}_agreement"] for r in rows], marker="o", label=f"{kind} replies")
+            ax2.plot(minutes, [r[f"{kind}_loss"] for r in rows], marker="o", label=f"{kind} replies")
+    ax1.set(xlabel="training minutes", ylabel="held-out top-1 agreement with the target")
+    ax2.set(xlabel="training minutes", ylabel="held-out cross-entropy to the target (nats)")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
