@@ -30,9 +30,9 @@ def check_device(name: str, value: str) -> torch.device:
 class SpeculativeConfig:
     """vLLM-style `speculative_config`: {"method": "draft_model", "model": PATH | "self",
     "num_speculative_tokens": k}, or {"method": "ngram", "prompt_lookup_min": a,
-    "prompt_lookup_max": b, "num_speculative_tokens": k} (prompt lookup, no draft model), plus
-    where a draft model runs. Without "model" the bundled target
-    drafts with the bundled drafter (minedraft/draft_models, made by `minedraft train-draft`).
+    "prompt_lookup_max": b, "num_speculative_tokens": k} (prompt lookup, no draft model). Without
+    "model" the bundled target drafts with the bundled drafter (minedraft/draft_models, made by
+    `minedraft train-draft`). Where a draft model runs:
 
     - neither `draft_device` nor `parallel`: standard SD, drafter in the engine's process;
     - `draft_device` without `parallel`: the drafter in its own process, strictly draft-then-verify;

@@ -17,7 +17,8 @@ from minedraft.bench.decode import decode_step_times
 def acceptance(llm: LLM, prompts: list[str], temperature: float, output_len: int, seed: int) -> dict:
     """Draft and accepted token counts for replies to `prompts` (chat template, first turn)."""
     before = llm.get_metrics()
-    params = [SamplingParams(temperature=temperature, max_tokens=output_len, seed=seed + i) for i in range(len(prompts))]
+    params = [SamplingParams(temperature=temperature, max_tokens=output_len, seed=seed + i)
+              for i in range(len(prompts))]
     llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=False)
     after = llm.get_metrics()
     drafted = after["num_draft_tokens"] - before["num_draft_tokens"]
@@ -34,7 +35,8 @@ def cost_ratio(llm: LLM, batch_sizes: list[int], context: int, steps: int, repea
     """Median decode-step times of target and drafter, interleaved, at each batch size."""
     target, draft = llm.engine.runner, llm.engine.proposer.runner
     vocab = llm.engine.config.model_args.vocab_size
-    prompts = torch.randint(100, vocab, (max(batch_sizes), context), generator=torch.Generator().manual_seed(0)).tolist()
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(100, vocab, (max(batch_sizes), context), generator=gen).tolist()
     times: dict = {}
     for _ in range(repeats):
         for b in batch_sizes:
@@ -55,10 +57,13 @@ def run(args: argparse.Namespace) -> dict:
     spec = {"num_speculative_tokens": args.k, "method": args.method,
             **({} if args.draft_model is None else {"model": args.draft_model})}
     llm = LLM(args.model, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, speculative_config=spec)
-    result: dict = {"method": args.method, "k": args.k, "output_len": args.output_len, "threads": torch.get_num_threads()}
+    result: dict = {"method": args.method, "k": args.k, "output_len": args.output_len,
+                    "threads": torch.get_num_threads()}
     # Prompt lookup has no model to time.
-    result["cost"] = cost_ratio(llm, batch_sizes, args.context, args.steps, args.repeats) if args.method == "draft_model" else []
-    tasks = {task: select(prompts, args.per_task, args.seed) for task, prompts in spec_bench_by_task(args.dataset).items()}
+    has_model = args.method == "draft_model"
+    result["cost"] = cost_ratio(llm, batch_sizes, args.context, args.steps, args.repeats) if has_model else []
+    by_task = spec_bench_by_task(args.dataset)
+    tasks = {task: select(prompts, args.per_task, args.seed) for task, prompts in by_task.items()}
     result["acceptance"] = {}
     with tqdm(total=len(tasks) * len(temperatures), desc="bench draft") as bar:
         for temperature in temperatures:
@@ -66,7 +71,8 @@ def run(args: argparse.Namespace) -> dict:
             for task, prompts in tasks.items():
                 per_task[task] = acceptance(llm, prompts, temperature, args.output_len, args.seed)
                 bar.update()
-            total = {key: sum(c[key] for c in per_task.values()) for key in ("draft_tokens", "accepted_tokens", "drafts")}
+            keys = ("draft_tokens", "accepted_tokens", "drafts")
+            total = {key: sum(c[key] for c in per_task.values()) for key in keys}
             result["acceptance"][str(temperature)] = {"tasks": per_task, "overall": total}
     llm.close()
 

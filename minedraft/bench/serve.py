@@ -119,8 +119,8 @@ def run(args: argparse.Namespace) -> dict:
           f"(rate {args.request_rate}/s, max concurrency {args.max_concurrency or 'unbounded'})")
     if errors:
         print(f"first error: {errors[0]}")
-    print(f"request throughput {figures['requests_per_s']:.2f} req/s; output {figures['output_tokens_per_s']:.1f} tok/s; "
-          f"total {figures['total_tokens_per_s']:.1f} tok/s")
+    print(f"request throughput {figures['requests_per_s']:.2f} req/s; "
+          f"output {figures['output_tokens_per_s']:.1f} tok/s; total {figures['total_tokens_per_s']:.1f} tok/s")
     print("| metric | mean ms | p50 ms | p90 ms | p99 ms |\n|---|---|---|---|---|")
     for name in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
         p = figures[name]

@@ -60,8 +60,8 @@ class LLMEngine:
             return DraftModelProposer(draft, c.num_slots, c.max_model_len, c.torch_dtype, device)
         pin(tuple(spec.target_cpus) if spec.target_cpus else None)
         address = spec.rendezvous or f"tcp://127.0.0.1:{free_port()}"
-        args = WorkerArgs(str(spec.model_path), str(c.model_path), c.dtype, spec.draft_device, c.num_slots, c.max_model_len,
-                          spec.draft_cpus, address, c.seed + 1)
+        args = WorkerArgs(str(spec.model_path), str(c.model_path), c.dtype, spec.draft_device, c.num_slots,
+                          c.max_model_len, spec.draft_cpus, address, c.seed + 1)
         return RemoteDrafter(args, spec.draft_timeout_s)
 
     # -- requests ---------------------------------------------------------------------------------

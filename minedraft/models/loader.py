@@ -113,7 +113,9 @@ def read_embedding(folder: Path) -> torch.Tensor:
     raise ValueError(f"checkpoint {str(folder)!r} has no tensor 'model.embed_tokens.weight'")
 
 
-def load_model(folder: Path, dtype: torch.dtype, device: torch.device, embedding: torch.Tensor | None = None) -> Decoder:
+def load_model(
+    folder: Path, dtype: torch.dtype, device: torch.device, embedding: torch.Tensor | None = None
+) -> Decoder:
     """Build our decoder from a Hugging Face folder without running any code from the checkpoint.
     A drafter that shares its target's input embedding takes it as `embedding` ([vocab, hidden])."""
     args = ModelArgs.from_hf(read_config(folder))

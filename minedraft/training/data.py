@@ -90,7 +90,8 @@ def forced_data(llm: LLM, data_dir: Path, num_texts: int, shard_size: int, top_k
         samples = []
         for user, reply in pairs[first : first + shard_size]:
             prompt = engine.encode(engine.apply_chat_template([{"role": "user", "content": user}]))
-            reply_ids = engine.tokenizer.encode(reply, add_special_tokens=False)[: engine.config.max_model_len - len(prompt)]
+            room = engine.config.max_model_len - len(prompt)
+            reply_ids = engine.tokenizer.encode(reply, add_special_tokens=False)[:room]
             samples.append({"category": "continuation", "greedy": False, "prompt": prompt, "reply": reply_ids})
         # Rows of similar length together, `batch_tokens` padded tokens per forward pass.
         order = sorted(range(len(samples)), key=lambda i: len(samples[i]["prompt"]) + len(samples[i]["reply"]))
@@ -123,5 +124,6 @@ def _teacher_pass(runner: ModelRunner, samples: list[dict], top_k: int) -> None:
         for slot in slots:
             runner.cache.free(slot)
     values, ids = torch.log_softmax(logits.float(), dim=-1).topk(top_k, dim=-1)
-    for s, v, i in zip(samples, values.split([len(s["reply"]) for s in samples]), ids.split([len(s["reply"]) for s in samples])):
+    sizes = [len(s["reply"]) for s in samples]
+    for s, v, i in zip(samples, values.split(sizes), ids.split(sizes)):
         s["top_ids"], s["top_logprobs"] = i.to(torch.int32), v.to(torch.float16)

@@ -52,7 +52,8 @@ class Student(nn.Module):
         config._attn_implementation = "sdpa"
         self.body = LlamaModel(config)
         weights = read_safetensors(target_dir)
-        state = {"embed_tokens.weight": weights["model.embed_tokens.weight"], "norm.weight": weights["model.norm.weight"]}
+        state = {"embed_tokens.weight": weights["model.embed_tokens.weight"],
+                 "norm.weight": weights["model.norm.weight"]}
         for i, src in enumerate(init_layers):
             prefix = f"model.layers.{src}."
             state.update({f"layers.{i}.{k[len(prefix):]}": v for k, v in weights.items() if k.startswith(prefix)})
@@ -232,14 +233,16 @@ def train(target_dir: Path, shards: list[Path], work: Path, config: TrainConfig,
             bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{seen_tokens / (time.time() - started):.0f}")
             bar.update()
             if step % config.eval_every == 0 or step == total:
-                record = {"step": step, "time_s": elapsed + time.time() - started, "train_loss": sum(losses) / len(losses),
+                record = {"step": step, "time_s": elapsed + time.time() - started,
+                          "train_loss": sum(losses) / len(losses),
                           **evaluate(student, held_out, to_draft, config.batch_tokens)}
                 losses = []
                 with log_path.open("a") as f:
                     f.write(json.dumps(record) + "\n")
                 tmp = ckpt.with_suffix(".tmp")
                 torch.save({"student": student.state_dict(), "optimizer": optimizer.state_dict(),
-                            "scheduler": scheduler.state_dict(), "step": step, "elapsed_s": record["time_s"], "config": asdict(config)}, tmp)
+                            "scheduler": scheduler.state_dict(), "step": step, "elapsed_s": record["time_s"],
+                            "config": asdict(config)}, tmp)
                 tmp.rename(ckpt)
                 log.info("step %d: %s", step, record)
     return student
