@@ -189,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     der.add_argument("--out", required=True, help="output folder")
     der.set_defaults(func=cmd_derive_draft)
 
-    p = sub.add_parser("train-draft", help="distil a small drafter from a target (resumable; about 2 hours on 2 cores)")
+    p = sub.add_parser("train-draft",
+                       help="distil a small drafter from a target (resumable; about 70 minutes on 2 cores)")
     p.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M-Instruct)")
     p.add_argument("--out", required=True, help="work folder: data shards, checkpoints, log.jsonl")
     p.add_argument("--export", default=None, help="where to write the drafter (default: OUT/model)")
