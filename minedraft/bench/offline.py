@@ -19,6 +19,7 @@ from tqdm import tqdm
 from minedraft import LLM, SamplingParams
 from minedraft.bench.datasets import load_prompts, select
 from minedraft.bench.plots import plot_timeline
+from minedraft.bench.stats import percentiles
 from minedraft.config import MACHINE_CPUS
 from minedraft.drafters.remote import pin
 from minedraft.engine.metrics import SpecDecodeMetrics
@@ -76,12 +77,12 @@ def request_figures(outs: list[RequestOutput], makespan: float) -> dict:
     ttft = [o.first_token_time - o.arrival_time for o in outs]
     tokens = [len(o.outputs[0].token_ids) for o in outs]
     tpot = [(e - f) / (n - 1) for e, f, n in zip(e2e, ttft, tokens) if n > 1]
-    q = statistics.quantiles(e2e, n=100, method="inclusive") if len(e2e) > 1 else e2e * 99
+    latency = percentiles(e2e)
     return {
         "output_tokens_per_s": sum(tokens) / makespan,
         "requests_per_s": len(outs) / makespan,
-        "latency_mean_s": statistics.mean(e2e),
-        "latency_p50_s": q[49], "latency_p90_s": q[89], "latency_p99_s": q[98],
+        "latency_mean_s": latency["mean"],
+        "latency_p50_s": latency["p50"], "latency_p90_s": latency["p90"], "latency_p99_s": latency["p99"],
         "ttft_mean_s": statistics.mean(ttft),
         "tpot_mean_s": statistics.mean(tpot) if tpot else 0.0,
     }

@@ -6,13 +6,13 @@ import argparse
 import asyncio
 import json
 import random
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
 from minedraft.bench.datasets import load_prompts
+from minedraft.bench.stats import percentiles
 
 
 @dataclass
@@ -26,13 +26,6 @@ class Record:
     output_tokens: int = 0
     prompt_tokens: int = 0
     error: str | None = None
-
-
-def percentiles(values: list[float]) -> dict:
-    if not values:
-        return {"mean": None, "p50": None, "p90": None, "p99": None}
-    q = statistics.quantiles(values, n=100, method="inclusive") if len(values) > 1 else values * 99
-    return {"mean": statistics.mean(values), "p50": q[49], "p90": q[89], "p99": q[98]}
 
 
 def serve_figures(records: list[Record], duration: float) -> dict:

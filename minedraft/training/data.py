@@ -10,6 +10,7 @@ import torch
 from tqdm import tqdm
 
 from minedraft.engine.model_runner import ModelRunner, Row
+from minedraft.engine.sequence import RequestOutput
 from minedraft.llm import LLM
 from minedraft.sampling import SamplingParams
 from minedraft.training.prompts import build_prompts, doc_passages, sentences
@@ -17,8 +18,26 @@ from minedraft.training.prompts import build_prompts, doc_passages, sentences
 log = logging.getLogger("minedraft")
 
 
-def shard_path(data_dir: Path, index: int) -> Path:
-    return data_dir / f"shard-{index:04d}.pt"
+def reply_sample(category: str, greedy: bool, out: RequestOutput, top_k: int) -> dict:
+    """A training sample from a finished request that asked for `logprobs=top_k`."""
+    completion = out.outputs[0]
+    # Each position's top_k most likely tokens (dicts list them first, then the chosen token).
+    top = [list(d.items())[:top_k] for d in completion.logprobs]
+    return {
+        "category": category,
+        "greedy": greedy,
+        "prompt": torch.tensor(out.prompt_token_ids, dtype=torch.int32),
+        "reply": torch.tensor(completion.token_ids, dtype=torch.int32),
+        "top_ids": torch.tensor([[t for t, _ in row] for row in top], dtype=torch.int32),
+        "top_logprobs": torch.tensor([[v for _, v in row] for row in top], dtype=torch.float16),
+    }
+
+
+def write_shard(path: Path, samples: list[dict]) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(samples, tmp)
+    tmp.rename(path)  # a shard exists only once complete
+    log.info("wrote %s (%d replies, %d tokens)", path, len(samples), sum(len(s["reply"]) for s in samples))
 
 
 def generate_data(llm: LLM, data_dir: Path, num_prompts: int, shard_size: int, max_tokens: int,
@@ -29,7 +48,7 @@ def generate_data(llm: LLM, data_dir: Path, num_prompts: int, shard_size: int, m
     prompts = build_prompts(num_prompts, seed)
     paths = []
     for index, first in enumerate(range(0, num_prompts, shard_size)):
-        path = shard_path(data_dir, index)
+        path = data_dir / f"shard-{index:04d}.pt"
         paths.append(path)
         if path.exists():
             continue
@@ -38,23 +57,8 @@ def generate_data(llm: LLM, data_dir: Path, num_prompts: int, shard_size: int, m
         params = [SamplingParams(temperature=0.0 if (first + i) % 2 == 0 else 1.0, max_tokens=max_tokens,
                                  seed=seed + first + i, logprobs=top_k) for i in range(len(chunk))]
         outs = llm.chat([[{"role": "user", "content": text}] for _, text in chunk], params)
-        samples = []
-        for (category, _), p, out in zip(chunk, params, outs):
-            completion = out.outputs[0]
-            # Each position's top_k most likely tokens (dicts list them first, then the chosen token).
-            top = [list(d.items())[:top_k] for d in completion.logprobs]
-            samples.append({
-                "category": category,
-                "greedy": p.greedy,
-                "prompt": torch.tensor(out.prompt_token_ids, dtype=torch.int32),
-                "reply": torch.tensor(completion.token_ids, dtype=torch.int32),
-                "top_ids": torch.tensor([[t for t, _ in row] for row in top], dtype=torch.int32),
-                "top_logprobs": torch.tensor([[v for _, v in row] for row in top], dtype=torch.float16),
-            })
-        tmp = path.with_suffix(".tmp")
-        torch.save(samples, tmp)
-        tmp.rename(path)  # a shard exists only once complete
-        log.info("wrote %s (%d replies, %d tokens)", path, len(samples), sum(len(s["reply"]) for s in samples))
+        write_shard(path, [reply_sample(category, p.greedy, out, top_k)
+                           for (category, _), p, out in zip(chunk, params, outs)])
     return paths
 
 
@@ -107,10 +111,7 @@ def forced_data(llm: LLM, data_dir: Path, num_texts: int, shard_size: int, top_k
         for s in samples:
             s["prompt"] = torch.tensor(s["prompt"], dtype=torch.int32)
             s["reply"] = torch.tensor(s["reply"], dtype=torch.int32)
-        tmp = path.with_suffix(".tmp")
-        torch.save(samples, tmp)
-        tmp.rename(path)
-        log.info("wrote %s (%d replies, %d tokens)", path, len(samples), sum(len(s["reply"]) for s in samples))
+        write_shard(path, samples)
     return paths
 
 

@@ -10,6 +10,7 @@ from conftest import keep_float64
 from minedraft import LLM, SamplingParams
 from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.models.loader import load_model, read_config
+from minedraft.training.data import reply_sample, write_shard
 from minedraft.training.distill import Student, TrainConfig, collate, frequent_tokens, train
 
 
@@ -48,16 +49,8 @@ def make_shard(folder, path, n: int = 96):
                for _ in range(n)]
     params = [SamplingParams(temperature=0.0 if i % 2 == 0 else 1.0, max_tokens=16, ignore_eos=True, seed=i,
                              logprobs=5) for i in range(n)]
-    samples = []
-    for i, (prompt, p, out) in enumerate(zip(prompts, params, llm.generate([{"prompt_token_ids": x} for x in prompts],
-                                                                         params, use_tqdm=False))):
-        c = out.outputs[0]
-        top = [list(d.items())[:5] for d in c.logprobs]
-        samples.append({"category": "random", "greedy": p.greedy, "prompt": torch.tensor(prompt, dtype=torch.int32),
-                        "reply": torch.tensor(c.token_ids, dtype=torch.int32),
-                        "top_ids": torch.tensor([[t for t, _ in r] for r in top], dtype=torch.int32),
-                        "top_logprobs": torch.tensor([[v for _, v in r] for r in top], dtype=torch.float16)})
-    torch.save(samples, path)
+    outs = llm.generate([{"prompt_token_ids": x} for x in prompts], params, use_tqdm=False)
+    write_shard(path, [reply_sample("random", p.greedy, out, 5) for p, out in zip(params, outs)])
     return path
 
 
