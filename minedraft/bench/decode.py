@@ -28,10 +28,13 @@ def streaming_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> float
     return w.numel() * 4 / best
 
 
-def layout_check(model: torch.nn.Module, repeats: int = 5) -> tuple[float, float]:
+def layout_check(model: torch.nn.Module, repeats: int = 5) -> tuple[float, float] | None:
     """Best seconds to push one row through every linear weight of the model: in our [in, out]
-    layout (`x @ W`) and in F.linear's [out, in] layout. Why models/llama.py has its own Linear."""
+    layout (`x @ W`) and in F.linear's [out, in] layout. Why models/llama.py has its own Linear.
+    None for a model packed for oneDNN (bfloat16 on CPU), whose weights have neither layout."""
     weights = [m.weight for m in model.modules() if isinstance(m, Linear)]
+    if any(w is None for w in weights):
+        return None
     transposed = [w.t().contiguous() for w in weights]
     rows = {n: torch.randn(1, n, dtype=weights[0].dtype) for n in {w.shape[0] for w in weights}}
 
@@ -44,7 +47,10 @@ def layout_check(model: torch.nn.Module, repeats: int = 5) -> tuple[float, float
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes a decode step reads: every linear weight (packed or not) and the norms."""
+    linears = sum(m.nbytes for m in model.modules() if isinstance(m, Linear))
+    norms = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if n.endswith("norm.weight"))
+    return linears + norms
 
 
 def timed(fn) -> float:
@@ -131,16 +137,17 @@ def run(args: argparse.Namespace) -> dict:
     model = llm.engine.runner.model
     wbytes = weight_bytes(model)
     floor = wbytes / bandwidth
-    ours_layout, linear_layout = layout_check(model)
+    layouts = layout_check(model)
     threads = torch.get_num_threads()
     print(f"\nweights {wbytes / 1e6:.0f} MB; streaming bandwidth {bandwidth / 1e9:.1f} GB/s on {threads} thread(s); "
           f"batch-1 floor {floor * 1e3:.1f} ms")
-    print(f"one row through every linear weight: x @ W[in, out] {ours_layout * 1e3:.1f} ms, "
-          f"F.linear with W[out, in] {linear_layout * 1e3:.1f} ms")
+    if layouts is not None:
+        print(f"one row through every linear weight: x @ W[in, out] {layouts[0] * 1e3:.1f} ms, "
+              f"F.linear with W[out, in] {layouts[1] * 1e3:.1f} ms")
     print("\n| batch | minedraft step ms | transformers step ms | minedraft tok/s | transformers tok/s | tok/s ratio |")
     print("|---|---|---|---|---|---|")
     result = {"threads": threads, "weight_bytes": wbytes, "bandwidth": bandwidth, "floor_s": floor,
-              "layout_ours_s": ours_layout, "layout_f_linear_s": linear_layout, "rows": []}
+              "layout_ours_s": layouts and layouts[0], "layout_f_linear_s": layouts and layouts[1], "rows": []}
     for b in batch_sizes:
         ours_step, hf_step = (statistics.median(step[(n, b)]) for n in ("minedraft", "transformers"))
         ours_tput, hf_tput = (statistics.median(tput[(n, b)]) for n in ("minedraft", "transformers"))

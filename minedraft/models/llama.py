@@ -149,18 +149,39 @@ class BatchMeta:
     sin: torch.Tensor
 
 
+def cpu_bf16_packing_supported() -> bool:
+    """Whether oneDNN runs bfloat16 matrix products natively on this CPU (AVX512-BF16 or AMX)."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 class Linear(nn.Module):
     """x @ weight + bias, with the weight stored [in, out]: on CPU one row streams this layout
-    faster than F.linear's [out, in] (`minedraft bench decode` measures both; docs/BENCHMARKS.md)."""
+    faster than F.linear's [out, in] (`minedraft bench decode` measures both; docs/BENCHMARKS.md).
+    `pack()` hands a bfloat16 weight to oneDNN in its blocked layout instead."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.packed: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), self.packed, self.bias, "none", [], "")
+            return y.view(*x.shape[:-1], y.shape[-1])
         y = x @ self.weight
         return y if self.bias is None else y + self.bias
+
+    def pack(self) -> None:
+        """Reorder the weight once into oneDNN's blocked layout. Unpacked, every bfloat16 product
+        re-blocks the weight, which made a few-row step cost as much as one with many rows."""
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach().t().contiguous(), None)
+        self.weight = None
+
+    @property
+    def nbytes(self) -> int:
+        w = self.weight if self.packed is None else self.packed
+        return w.numel() * w.element_size() + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
 
 
 class Attention(nn.Module):
@@ -237,6 +258,14 @@ class Decoder(nn.Module):
         self.lm_head = Linear(args.hidden_size, args.draft_vocab_size or args.vocab_size, bias=False)
         self.draft_vocab = None if args.draft_vocab_size is None else nn.Buffer(
             torch.empty(args.draft_vocab_size, dtype=torch.long))
+
+    def pack(self) -> None:
+        """Pack every linear weight for oneDNN (bfloat16 on CPU); a tied embedding keeps a dense copy."""
+        if self.embed is None:
+            self.embed = nn.Parameter(self.lm_head.weight.detach().t().contiguous(), requires_grad=False)
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.pack()
 
     @property
     def input_embedding(self) -> torch.Tensor:

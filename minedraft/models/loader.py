@@ -13,7 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from minedraft.models.llama import Decoder, ModelArgs, fuse_hf_state_dict
+from minedraft.models.llama import Decoder, ModelArgs, cpu_bf16_packing_supported, fuse_hf_state_dict
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_DRAFT = Path(__file__).resolve().parent.parent / "draft_models" / "smollm2-135m-instruct"
@@ -135,7 +135,10 @@ def load_model(
     if args.shared_embedding:  # shared, not copied, when already in the right dtype and place
         state["embed"] = embedding.to(device=device, dtype=dtype)
     model.load_state_dict(state, strict=True, assign=True)
-    return model.eval().requires_grad_(False)
+    model.eval().requires_grad_(False)
+    if device.type == "cpu" and dtype == torch.bfloat16 and cpu_bf16_packing_supported():
+        model.pack()
+    return model
 
 
 def load_tokenizer(folder: Path):

@@ -3,7 +3,7 @@ import torch
 
 from conftest import keep_float64, save_tiny_checkpoint
 from minedraft.engine.model_runner import ModelRunner, Row
-from minedraft.models.llama import ModelArgs, rope_inv_freq
+from minedraft.models.llama import Linear, ModelArgs, cpu_bf16_packing_supported, rope_inv_freq
 from minedraft.models.loader import load_model, read_config
 
 
@@ -67,6 +67,21 @@ def test_float32_logits_match_transformers_on_smollm2(smollm2_path):
     got = our_logits(smollm2_path, torch.float32, prompts, steps=3)
     for r, g in zip(ref, got):
         assert (r - g).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("extra", [{}, {"tie_word_embeddings": True, "attention_bias": True}])
+def test_bfloat16_logits_match_transformers(tmp_path, extra):
+    """On CPUs with native bfloat16 the loader packs every linear weight for oneDNN; the logits
+    must stay what transformers computes in bfloat16, up to bfloat16 rounding."""
+    folder = save_tiny_checkpoint(tmp_path, "llama", **extra)
+    model = load_model(folder, torch.bfloat16, torch.device("cpu"))
+    packed = [m.packed is not None for m in model.modules() if isinstance(m, Linear)]
+    assert all(packed) if cpu_bf16_packing_supported() else not any(packed)
+    ref = hf_reference_logits(folder, torch.bfloat16, PROMPTS, steps=3)
+    got = our_logits(folder, torch.bfloat16, PROMPTS, steps=3)
+    for r, g in zip(ref, got):
+        scale = r.float().abs().max()
+        assert (r.float() - g.float()).abs().max() < 0.05 * scale
 
 
 def test_llama3_rope_matches_transformers():
