@@ -132,8 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     off = bench.add_parser("offline", help="ar / sd / psd throughput and latency, interleaved in one run")
     off.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M-Instruct)")
+    off.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
     off.add_argument("--draft-model", default=None, help="draft checkpoint folder or 'self' (default: the bundled drafter)")
-    off.add_argument("--modes", default="ar,sd,sd-remote,psd,sd-2t", help="comma-separated: ar,sd,sd-remote,psd,sd-2t")
+    off.add_argument("--speculative-config", default=None,
+                     help='JSON every speculative mode shares, e.g. \'{"method": "ngram"}\' (placement and k come '
+                          'from --modes and --num-speculative-tokens)')
+    off.add_argument("--modes", default="ar,sd,sd-remote,psd,sd-2t",
+                     help="comma-separated: ar,sd,sd-remote,psd,sd-2t,hf (hf: transformers' assisted generation)")
     off.add_argument("--num-speculative-tokens", default="1,2,3,4,5", help="comma-separated k values")
     off.add_argument("--concurrency", default="8,16", help="comma-separated numbers of requests in flight")
     off.add_argument("--dataset", default=None, help="Spec-Bench / prompt jsonl, ShareGPT json or text; default: built-in")
@@ -144,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     off.add_argument("--max-model-len", type=int, default=1024)
     off.add_argument("--repeats", type=int, default=1, help="interleaved repetitions; medians are reported")
     off.add_argument("--output-json", default=None)
-    off.add_argument("--plot-dir", default=None, help="write timeline PNGs of psd and sd-remote runs here")
+    off.add_argument("--plot-dir", default=None,
+                     help="write PNGs here: throughput against k, latency CDF, psd and sd-remote timelines")
     off.add_argument("--seed", type=int, default=0)
     off.set_defaults(func=cmd_bench_offline)
 

@@ -6,6 +6,8 @@ Modes (CPU placement on this 2-core kind of machine):
   sd-remote  drafter in its own process on core 1, strictly draft-then-verify
   psd        drafter in its own process on core 1, two sub-batches overlapped
   sd-2t      standard SD with both cores (two threads): the equal-resources baseline
+  hf         the peer: transformers' assisted generation with the same pair (or its prompt lookup
+             for the n-gram method), batch 1 (one request at a time), target on core 0
 """
 
 import argparse
@@ -18,15 +20,16 @@ from tqdm import tqdm
 
 from minedraft import LLM, SamplingParams
 from minedraft.bench.datasets import load_prompts, select
-from minedraft.bench.plots import plot_timeline
-from minedraft.bench.stats import percentiles
-from minedraft.config import MACHINE_CPUS
+from minedraft.bench.hf import AssistedGeneration
+from minedraft.bench.plots import plot_latency_cdf, plot_throughput_vs_k, plot_timeline
+from minedraft.bench.stats import request_figures
+from minedraft.config import MACHINE_CPUS, EngineConfig
 from minedraft.drafters.remote import pin
 from minedraft.engine.metrics import SpecDecodeMetrics
 from minedraft.engine.sequence import RequestOutput
 from minedraft.theory import psd_speedup, psd_speedup_equal_concurrency
 
-MODES = ("ar", "sd", "sd-remote", "psd", "sd-2t")
+MODES = ("ar", "sd", "sd-remote", "psd", "sd-2t", "hf")
 
 
 def placement(mode: str) -> tuple[list[int], dict | None]:
@@ -39,6 +42,7 @@ def placement(mode: str) -> tuple[list[int], dict | None]:
         "sd-remote": (target, {"draft_device": "cpu", "target_cpus": target, "draft_cpus": draft}),
         "psd": (target, {"parallel": True, "target_cpus": target, "draft_cpus": draft}),
         "sd-2t": (cores[:2], {}),
+        "hf": (target, {}),
     }[mode]
 
 
@@ -60,7 +64,7 @@ def closed_loop(llm: LLM, prompts: list[list[int]], concurrency: int, params: Sa
     metrics = engine.spec_metrics.as_dict()
     steps = metrics["num_steps"]
     return {
-        **request_figures(outs, makespan),
+        **outputs_figures(outs, makespan),
         "acceptance_rate": metrics["acceptance_rate"],
         "mean_acceptance_length": metrics["mean_acceptance_length"],
         "overlapped_share": metrics["num_overlapped_steps"] / steps if steps else 0.0,
@@ -71,21 +75,11 @@ def closed_loop(llm: LLM, prompts: list[list[int]], concurrency: int, params: Sa
     }
 
 
-def request_figures(outs: list[RequestOutput], makespan: float) -> dict:
+def outputs_figures(outs: list[RequestOutput], makespan: float) -> dict:
     """Throughput and per-request latency figures of finished requests (times in seconds)."""
-    e2e = [o.finish_time - o.arrival_time for o in outs]
-    ttft = [o.first_token_time - o.arrival_time for o in outs]
-    tokens = [len(o.outputs[0].token_ids) for o in outs]
-    tpot = [(e - f) / (n - 1) for e, f, n in zip(e2e, ttft, tokens) if n > 1]
-    latency = percentiles(e2e)
-    return {
-        "output_tokens_per_s": sum(tokens) / makespan,
-        "requests_per_s": len(outs) / makespan,
-        "latency_mean_s": latency["mean"],
-        "latency_p50_s": latency["p50"], "latency_p90_s": latency["p90"], "latency_p99_s": latency["p99"],
-        "ttft_mean_s": statistics.mean(ttft),
-        "tpot_mean_s": statistics.mean(tpot) if tpot else 0.0,
-    }
+    return request_figures([o.finish_time - o.arrival_time for o in outs],
+                           [o.first_token_time - o.arrival_time for o in outs],
+                           [len(o.outputs[0].token_ids) for o in outs], makespan)
 
 
 def trace_figures(trace: list[dict], makespan: float) -> dict:
@@ -101,6 +95,21 @@ def trace_figures(trace: list[dict], makespan: float) -> dict:
     }
 
 
+def speculative_base(args: argparse.Namespace) -> dict:
+    """The speculative_config every speculative mode shares (--speculative-config, --draft-model);
+    each mode adds its placement and the k under test."""
+    base = json.loads(args.speculative_config) if args.speculative_config else {}
+    if not isinstance(base, dict):
+        raise ValueError("--speculative-config must be a JSON object")
+    placed = sorted(set(base) & {"parallel", "draft_device", "target_cpus", "draft_cpus", "num_speculative_tokens"})
+    if placed:
+        raise ValueError(f"--speculative-config key {placed[0]!r} is set by the benchmark (--modes, "
+                         "--num-speculative-tokens)")
+    if args.draft_model is not None:
+        base["model"] = args.draft_model
+    return base
+
+
 def run(args: argparse.Namespace) -> dict:
     modes = args.modes.split(",")
     unknown = [m for m in modes if m not in MODES]
@@ -109,15 +118,21 @@ def run(args: argparse.Namespace) -> dict:
     ks = [int(k) for k in args.num_speculative_tokens.split(",")]
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     max_len = args.max_model_len
+    base = speculative_base(args)
     llms: dict[str, LLM] = {}
-    for mode in modes:
+    for mode in [m for m in modes if m != "hf"] or ["ar"]:  # an engine tokenizes the prompts even for hf alone
         cores, spec = placement(mode)
         pin(tuple(cores))
-        draft = {} if args.draft_model is None else {"model": args.draft_model}
-        spec_config = None if spec is None else {**draft, "num_speculative_tokens": max(ks), **spec}
-        llms[mode] = LLM(args.model, max_num_seqs=max(concurrencies), max_model_len=max_len, seed=args.seed,
-                         speculative_config=spec_config, trace=True)
+        spec_config = None if spec is None else {**base, "num_speculative_tokens": max(ks), **spec}
+        llms[mode] = LLM(args.model, dtype=args.dtype, max_num_seqs=max(concurrencies), max_model_len=max_len,
+                         seed=args.seed, speculative_config=spec_config, trace=True)
     engine = next(iter(llms.values())).engine
+    peer = None
+    if "hf" in modes:
+        pin(tuple(placement("hf")[0]))
+        spec = EngineConfig(args.model, dtype=args.dtype, max_model_len=max_len,
+                            speculative_config={**base, "num_speculative_tokens": max(ks)}).speculative
+        peer = AssistedGeneration(engine.config.model_path, spec, engine.config.torch_dtype)
     texts = load_prompts(args.dataset, None, args.seed)
     encoded = [engine.encode(engine.apply_chat_template([{"role": "user", "content": t}])) for t in texts]
     fitting = [p for p in encoded if len(p) + args.output_len < max_len]
@@ -127,20 +142,28 @@ def run(args: argparse.Namespace) -> dict:
     prompts = select(fitting, args.num_prompts, args.seed)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.output_len, ignore_eos=args.ignore_eos,
                             seed=args.seed if args.temperature > 0 else None)
-    plan = [(c, k, m) for c in concurrencies for k in ks for m in modes if m != "ar" or k == ks[0]]
+    # hf runs one request at a time, so once per k, reported at concurrency 1.
+    plan = [(c, k, m) for c in concurrencies for k in ks for m in modes
+            if (m != "ar" or k == ks[0]) and (m != "hf" or c == concurrencies[0])]
     results: dict[tuple, list[dict]] = {}
     warm = prompts[: min(2, len(prompts))]
     for mode, llm in llms.items():  # warm-up: first calls allocate and fill caches
         pin(tuple(placement(mode)[0]))
         closed_loop(llm, warm, 2, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    if peer is not None:
+        pin(tuple(placement("hf")[0]))
+        peer.run(warm, ks[0], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     with tqdm(total=len(plan) * args.repeats, desc="bench offline") as bar:
         for _ in range(args.repeats):
             for c, k, mode in plan:
                 cores, spec = placement(mode)
                 pin(tuple(cores))
-                if spec is not None:
-                    llms[mode].engine.set_num_speculative_tokens(k)
-                figures = closed_loop(llms[mode], prompts, c, params)
+                if mode == "hf":
+                    figures, c = peer.run(prompts, k, params), 1
+                else:
+                    if spec is not None:
+                        llms[mode].engine.set_num_speculative_tokens(k)
+                    figures = closed_loop(llms[mode], prompts, c, params)
                 results.setdefault((mode, k if spec is not None else None, c), []).append(figures)
                 if args.plot_dir and mode in ("psd", "sd-remote"):
                     plot_timeline(figures["trace"], Path(args.plot_dir) / f"timeline_{mode}_k{k}_c{c}.png",
@@ -149,6 +172,9 @@ def run(args: argparse.Namespace) -> dict:
     for llm in llms.values():
         llm.close()
     report = summarize(results, args)
+    if args.plot_dir:
+        plot_throughput_vs_k(report["rows"], Path(args.plot_dir) / "throughput_vs_k.png")
+        plot_latency_cdf(results, Path(args.plot_dir) / "latency_cdf.png")
     if args.output_json:
         Path(args.output_json).write_text(json.dumps(report, indent=2))
     return report
@@ -164,7 +190,7 @@ def summarize(results: dict[tuple, list[dict]], args: argparse.Namespace) -> dic
     for (mode, k, c), runs in results.items():
         row = {"mode": mode, "k": k, "concurrency": c, "repeats": len(runs)}
         for key in runs[0]:
-            if key not in ("outputs", "trace"):
+            if key not in ("outputs", "trace", "e2e_s"):
                 row[key] = median_of(runs, key)
         rows.append(row)
     by = {(r["mode"], r["k"], r["concurrency"]): r for r in rows}
@@ -203,8 +229,8 @@ def print_table(rows: list[dict]) -> None:
         pred = r.get("predicted_psd_over_sd_remote")
         print(f"| {r['mode']} | {fmt(r['k'], 'd')} | {r['concurrency']} | {r['output_tokens_per_s']:.1f} | "
               f"{fmt(r['speedup_vs_ar'], '.2f')} | {r['latency_mean_s']:.2f} | {r['latency_p90_s']:.2f} | "
-              f"{r['ttft_mean_s']:.2f} | {r['tpot_mean_s'] * 1e3:.0f} | {r['acceptance_rate']:.2f} | "
-              f"{r['mean_acceptance_length']:.2f} | {r['overlapped_share']:.2f} | "
+              f"{r['ttft_mean_s']:.2f} | {r['tpot_mean_s'] * 1e3:.0f} | {fmt(r['acceptance_rate'], '.2f')} | "
+              f"{fmt(r['mean_acceptance_length'], '.2f')} | {fmt(r['overlapped_share'], '.2f')} | "
               f"{fmt(r['target_idle_share'], '.2f')} | {fmt(r['drafter_idle_share'], '.2f')} | "
               f"{fmt(r['verify_s_median'] and r['verify_s_median'] * 1e3, '.0f')} | "
               f"{fmt(r['draft_s_median'] and r['draft_s_median'] * 1e3, '.0f')} | "

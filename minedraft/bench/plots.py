@@ -3,17 +3,61 @@
 from pathlib import Path
 
 
-def plot_timeline(trace: list[dict], path: Path, title: str, max_seconds: float = 4.0) -> None:
-    """Target (verify) and drafter (draft) activity over `max_seconds` of steady state (from the
-    middle of the run), coloured by sub-batch: where the two lanes overlap, drafting was hidden
-    behind verification."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    fig.clf()
+    _pyplot().close(fig)
+
+
+def plot_throughput_vs_k(rows: list[dict], path: Path) -> None:
+    """Output tokens/s against k, one line per mode and concurrency (ar: a flat reference line)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ks = sorted({r["k"] for r in rows if r["k"] is not None})
+    for mode, c in sorted({(r["mode"], r["concurrency"]) for r in rows}):
+        line = sorted((r for r in rows if r["mode"] == mode and r["concurrency"] == c), key=lambda r: r["k"] or 0)
+        if mode == "ar" or line[0]["k"] is None:
+            ax.plot(ks or [0], [line[0]["output_tokens_per_s"]] * len(ks or [0]), linestyle="--", label=f"{mode}, {c} in flight")
+        else:
+            ax.plot([r["k"] for r in line], [r["output_tokens_per_s"] for r in line], marker="o", label=f"{mode}, {c} in flight")
+    ax.set(xlabel="num_speculative_tokens k", ylabel="output tokens/s", title="Throughput against k")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def plot_latency_cdf(results: dict[tuple, list[dict]], path: Path) -> None:
+    """Per-request end-to-end latency CDF of every (mode, k, concurrency), all repeats pooled."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (mode, k, c), runs in sorted(results.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1] or 0)):
+        e2e = sorted(x for r in runs for x in r["e2e_s"])
+        ax.step(e2e, [(i + 1) / len(e2e) for i in range(len(e2e))], where="post",
+                label=f"{mode}{'' if k is None else f', k={k}'}, {c} in flight")
+    ax.set(xlabel="end-to-end latency per request (s)", ylabel="share of requests", title="Latency CDF")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    _save(fig, path)
+
+
+def plot_timeline(trace: list[dict], path: Path, title: str, max_seconds: float = 4.0) -> None:
+    """Target (verify) and drafter (draft) activity over `max_seconds` of steady state (from the
+    middle of the run), coloured by sub-batch: where the two lanes overlap, drafting was hidden
+    behind verification."""
     if not trace:
         return
+    plt = _pyplot()
     starts = sorted(e["start"] for e in trace)
     t0 = starts[len(starts) // 2]
     fig, ax = plt.subplots(figsize=(12, 2.6))
@@ -28,7 +72,4 @@ def plot_timeline(trace: list[dict], path: Path, title: str, max_seconds: float 
     ax.set_xlabel("seconds from mid-run (colour: sub-batch)")
     ax.set_title(title)
     ax.set_xlim(0, max_seconds)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)

@@ -9,3 +9,19 @@ def percentiles(values: list[float]) -> dict:
         return {"mean": None, "p50": None, "p90": None, "p99": None}
     q = statistics.quantiles(values, n=100, method="inclusive") if len(values) > 1 else values * 99
     return {"mean": statistics.mean(values), "p50": q[49], "p90": q[89], "p99": q[98]}
+
+
+def request_figures(e2e: list[float], ttft: list[float], tokens: list[int], makespan: float) -> dict:
+    """Throughput and latency figures from per-request end-to-end time, time to first token and
+    output tokens (seconds); TPOT = (E2E - TTFT) / (tokens - 1)."""
+    latency = percentiles(e2e)
+    tpot = [(e - f) / (n - 1) for e, f, n in zip(e2e, ttft, tokens) if n > 1]
+    return {
+        "output_tokens_per_s": sum(tokens) / makespan,
+        "requests_per_s": len(e2e) / makespan,
+        "latency_mean_s": latency["mean"],
+        "latency_p50_s": latency["p50"], "latency_p90_s": latency["p90"], "latency_p99_s": latency["p99"],
+        "ttft_mean_s": statistics.mean(ttft),
+        "tpot_mean_s": statistics.mean(tpot) if tpot else 0.0,
+        "e2e_s": list(e2e),
+    }

@@ -1,7 +1,7 @@
 import pytest
 
 from minedraft.bench.datasets import load_prompts, select
-from minedraft.bench.offline import request_figures
+from minedraft.bench.offline import outputs_figures
 from minedraft.engine.sequence import CompletionOutput, RequestOutput
 
 
@@ -12,13 +12,14 @@ def finished(arrival, first, finish, num_tokens):
 
 def test_request_figures_on_a_known_timeline():
     # Two requests over a 10 s run: (arrive 0, first token 1, done 5, 5 tokens), (2, 2.5, 10, 16 tokens).
-    figures = request_figures([finished(0, 1, 5, 5), finished(2, 2.5, 10, 16)], makespan=10)
+    figures = outputs_figures([finished(0, 1, 5, 5), finished(2, 2.5, 10, 16)], makespan=10)
     assert figures["output_tokens_per_s"] == pytest.approx(2.1)
     assert figures["requests_per_s"] == pytest.approx(0.2)
     assert figures["latency_mean_s"] == pytest.approx(6.5)  # (5 + 8) / 2
     assert figures["latency_p50_s"] == pytest.approx(6.5)
     assert figures["ttft_mean_s"] == pytest.approx(0.75)  # (1 + 0.5) / 2
     assert figures["tpot_mean_s"] == pytest.approx((4 / 4 + 7.5 / 15) / 2)  # (E2E - TTFT) / (tokens - 1)
+    assert figures["e2e_s"] == [5, 8]
 
 
 def test_prompt_sets(tmp_path):
