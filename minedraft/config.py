@@ -26,11 +26,18 @@ def check_device(name: str, value: str) -> torch.device:
     return device
 
 
+def check_num_speculative_tokens(k) -> None:
+    """An integer in 1..16, or "auto" (minedraft.engine.draft_length chooses it every step)."""
+    if k != "auto" and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16):
+        raise ValueError(f"num_speculative_tokens must be an integer in 1..16 or \"auto\", got {k!r}")
+
+
 @dataclass
 class SpeculativeConfig:
     """vLLM-style `speculative_config`: {"method": "draft_model", "model": PATH | "self",
     "num_speculative_tokens": k}, or {"method": "ngram", "prompt_lookup_min": a,
-    "prompt_lookup_max": b, "num_speculative_tokens": k} (prompt lookup, no draft model). Without
+    "prompt_lookup_max": b, "num_speculative_tokens": k} (prompt lookup, no draft model); k may be
+    "auto" (minedraft.engine.draft_length picks it every step). Without
     "model" the bundled target drafts with the bundled drafter (minedraft/draft_models, made by
     `minedraft train-draft`). Where a draft model runs:
 
@@ -42,7 +49,7 @@ class SpeculativeConfig:
     local port); `draft_timeout_s` bounds the wait for drafts before the drafter counts as failed.
     """
 
-    num_speculative_tokens: int
+    num_speculative_tokens: int | str  # or "auto"
     method: str = "draft_model"
     model: str | None = None
     parallel: bool = False
@@ -108,9 +115,7 @@ class SpeculativeConfig:
         return config
 
     def validate(self, target: "EngineConfig") -> None:
-        k = self.num_speculative_tokens
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16:
-            raise ValueError(f"speculative_config num_speculative_tokens must be an integer in 1..16, got {k!r}")
+        check_num_speculative_tokens(self.num_speculative_tokens)
         if self.method not in ("draft_model", "ngram"):
             raise ValueError(f"speculative_config method must be 'draft_model' or 'ngram', got {self.method!r}")
         if self.method == "ngram":

@@ -59,7 +59,7 @@ class AssistedGeneration:
         self.assistant = None if spec.method == "ngram" else assistant_model(spec.model_path, target_dir, dtype)
 
     @torch.inference_mode()
-    def run(self, prompts: list[list[int]], k: int, params: SamplingParams) -> dict:
+    def run(self, prompts: list[list[int]], k: int | str, params: SamplingParams) -> dict:
         """Each prompt alone, one after the other; figures shaped like bench offline's."""
         kwargs = dict(max_new_tokens=params.max_tokens, pad_token_id=self.target.config.eos_token_id)
         if params.ignore_eos:
@@ -68,8 +68,11 @@ class AssistedGeneration:
             kwargs["do_sample"] = False
         else:
             kwargs.update(do_sample=True, temperature=params.temperature, top_k=0, top_p=1.0)
-        if self.assistant is None:
-            kwargs.update(prompt_lookup_num_tokens=k, max_matching_ngram_size=self.spec.prompt_lookup_max)
+        if self.assistant is None:  # k = "auto": transformers' default lookup length
+            kwargs.update(prompt_lookup_num_tokens=10 if k == "auto" else k,
+                          max_matching_ngram_size=self.spec.prompt_lookup_max)
+        elif k == "auto":  # transformers' own adaptive schedule and confidence cut-off
+            kwargs.update(assistant_model=self.assistant)
         else:  # exactly k drafts per round, as in our engine (no confidence cut-off, no schedule)
             kwargs.update(assistant_model=self.assistant, num_assistant_tokens=k,
                           num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)

@@ -97,7 +97,7 @@ def trace_figures(trace: list[dict], makespan: float) -> dict:
 
 def speculative_base(args: argparse.Namespace) -> dict:
     """The speculative_config every speculative mode shares (--speculative-config, --draft-model);
-    each mode adds its placement and the k under test."""
+    each mode adds its placement and the k under test (an integer or "auto")."""
     base = json.loads(args.speculative_config) if args.speculative_config else {}
     if not isinstance(base, dict):
         raise ValueError("--speculative-config must be a JSON object")
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> dict:
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise ValueError(f"unknown mode {unknown[0]!r}; known: {', '.join(MODES)}")
-    ks = [int(k) for k in args.num_speculative_tokens.split(",")]
+    ks = [k if k == "auto" else int(k) for k in args.num_speculative_tokens.split(",")]
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     max_len = args.max_model_len
     base = speculative_base(args)
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> dict:
     for mode in [m for m in modes if m != "hf"] or ["ar"]:  # an engine tokenizes the prompts even for hf alone
         cores, spec = placement(mode)
         pin(tuple(cores))
-        spec_config = None if spec is None else {**base, "num_speculative_tokens": max(ks), **spec}
+        spec_config = None if spec is None else {**base, "num_speculative_tokens": ks[0], **spec}
         llms[mode] = LLM(args.model, dtype=args.dtype, max_num_seqs=max(concurrencies), max_model_len=max_len,
                          seed=args.seed, speculative_config=spec_config, trace=True)
     engine = next(iter(llms.values())).engine
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> dict:
     if "hf" in modes:
         pin(tuple(placement("hf")[0]))
         spec = EngineConfig(args.model, dtype=args.dtype, max_model_len=max_len,
-                            speculative_config={**base, "num_speculative_tokens": max(ks)}).speculative
+                            speculative_config={**base, "num_speculative_tokens": ks[0]}).speculative
         peer = AssistedGeneration(engine.config.model_path, spec, engine.config.torch_dtype)
     texts = load_prompts(args.dataset, None, args.seed)
     encoded = [engine.encode(engine.apply_chat_template([{"role": "user", "content": t}])) for t in texts]
@@ -216,6 +216,11 @@ def summarize(results: dict[tuple, list[dict]], args: argparse.Namespace) -> dic
     return {"command": {k: v for k, v in vars(args).items() if k != "func"}, "date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}
 
 
+def k_order(k: int | str | None) -> int:
+    """Sort key of a k column: none (ar) first, then 1, 2, ..., then "auto"."""
+    return -1 if k is None else 99 if k == "auto" else k
+
+
 def fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -225,9 +230,9 @@ def print_table(rows: list[dict]) -> None:
           "mean acc len | overlap | target idle | drafter idle | V ms | t ms | psd/sd | psd/sd-remote (pred) | "
           "same as ar |")
     print("|" + "---|" * 19)
-    for r in sorted(rows, key=lambda r: (r["concurrency"], r["k"] or 0, MODES.index(r["mode"]))):
+    for r in sorted(rows, key=lambda r: (r["concurrency"], k_order(r["k"]), MODES.index(r["mode"]))):
         pred = r.get("predicted_psd_over_sd_remote")
-        print(f"| {r['mode']} | {fmt(r['k'], 'd')} | {r['concurrency']} | {r['output_tokens_per_s']:.1f} | "
+        print(f"| {r['mode']} | {'-' if r['k'] is None else r['k']} | {r['concurrency']} | {r['output_tokens_per_s']:.1f} | "
               f"{fmt(r['speedup_vs_ar'], '.2f')} | {r['latency_mean_s']:.2f} | {r['latency_p90_s']:.2f} | "
               f"{r['ttft_mean_s']:.2f} | {r['tpot_mean_s'] * 1e3:.0f} | {fmt(r['acceptance_rate'], '.2f')} | "
               f"{fmt(r['mean_acceptance_length'], '.2f')} | {fmt(r['overlapped_share'], '.2f')} | "

@@ -21,16 +21,21 @@ def _save(fig, path: Path) -> None:
 
 
 def plot_throughput_vs_k(rows: list[dict], path: Path) -> None:
-    """Output tokens/s against k, one line per mode and concurrency (ar: a flat reference line)."""
+    """Output tokens/s against k, one line per mode and concurrency; ar (no k) and "auto" (k chosen
+    every step) are horizontal lines."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ks = sorted({r["k"] for r in rows if r["k"] is not None})
+    ks = sorted({r["k"] for r in rows if isinstance(r["k"], int)}) or [1]
     for mode, c in sorted({(r["mode"], r["concurrency"]) for r in rows}):
-        line = sorted((r for r in rows if r["mode"] == mode and r["concurrency"] == c), key=lambda r: r["k"] or 0)
-        if mode == "ar" or line[0]["k"] is None:
-            ax.plot(ks or [0], [line[0]["output_tokens_per_s"]] * len(ks or [0]), linestyle="--", label=f"{mode}, {c} in flight")
-        else:
-            ax.plot([r["k"] for r in line], [r["output_tokens_per_s"] for r in line], marker="o", label=f"{mode}, {c} in flight")
+        line = [r for r in rows if r["mode"] == mode and r["concurrency"] == c]
+        fixed = sorted((r for r in line if isinstance(r["k"], int)), key=lambda r: r["k"])
+        if fixed:
+            ax.plot([r["k"] for r in fixed], [r["output_tokens_per_s"] for r in fixed], marker="o",
+                    label=f"{mode}, {c} in flight")
+        for r in line:
+            if not isinstance(r["k"], int):
+                ax.plot([ks[0], ks[-1]], [r["output_tokens_per_s"]] * 2, linestyle="--" if r["k"] is None else ":",
+                        label=f"{mode}{'' if r['k'] is None else ' k=auto'}, {c} in flight")
     ax.set(xlabel="num_speculative_tokens k", ylabel="output tokens/s", title="Throughput against k")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -41,7 +46,7 @@ def plot_latency_cdf(results: dict[tuple, list[dict]], path: Path) -> None:
     """Per-request end-to-end latency CDF of every (mode, k, concurrency), all repeats pooled."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for (mode, k, c), runs in sorted(results.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1] or 0)):
+    for (mode, k, c), runs in sorted(results.items(), key=lambda kv: (kv[0][2], kv[0][0], str(kv[0][1]))):
         e2e = sorted(x for r in runs for x in r["e2e_s"])
         ax.step(e2e, [(i + 1) / len(e2e) for i in range(len(e2e))], where="post",
                 label=f"{mode}{'' if k is None else f', k={k}'}, {c} in flight")

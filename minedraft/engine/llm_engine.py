@@ -6,12 +6,13 @@ import time
 
 import torch
 
-from minedraft.config import EngineConfig
+from minedraft.config import EngineConfig, check_num_speculative_tokens
 from minedraft.drafters import DraftModelProposer, NgramProposer
 from minedraft.drafters.remote import RemoteDrafter, WorkerArgs, free_port, pin
 from minedraft.drafters.transport import DrafterError
 from minedraft.engine.batch_manager import BatchManager
 from minedraft.engine.detokenizer import Detokenizer
+from minedraft.engine.draft_length import DraftLengthController
 from minedraft.engine.metrics import SpecDecodeMetrics
 from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.engine.scheduler import Scheduler
@@ -38,6 +39,7 @@ class LLMEngine:
         spec = config.speculative
         self.proposer = None if spec is None else self._make_proposer(model)
         self.batches = BatchManager() if spec is not None and spec.parallel else None
+        self.draft_length = self._controller()
         self.spec_metrics = SpecDecodeMetrics()
         self.trace: list[dict] | None = [] if config.trace else None
         self.scheduler = Scheduler(self.runner.cache, config.max_num_batched_tokens)
@@ -125,13 +127,19 @@ class LLMEngine:
         if self.batches is not None:
             self.batches.forget(seq)
 
-    def set_num_speculative_tokens(self, k: int) -> None:
-        """Change k between steps (benchmarks sweep it without reloading models)."""
+    def set_num_speculative_tokens(self, k: int | str) -> None:
+        """Change k (or switch to "auto") between steps: benchmarks sweep it without reloading models."""
         if self.config.speculative is None:
             raise ValueError("the engine has no speculative_config")
-        if not isinstance(k, int) or not 1 <= k <= 16:
-            raise ValueError(f"num_speculative_tokens must be an integer in 1..16, got {k!r}")
+        check_num_speculative_tokens(k)
         self.config.speculative.num_speculative_tokens = k
+        self.draft_length = self._controller()
+
+    def _controller(self) -> DraftLengthController | None:
+        spec = self.config.speculative
+        if spec is None or spec.num_speculative_tokens != "auto":
+            return None
+        return DraftLengthController(parallel=self.batches is not None)
 
     def close(self) -> None:
         """Stop the drafter process, if there is one."""
@@ -194,13 +202,15 @@ class LLMEngine:
     def _draft_len(self, seq: Sequence) -> int:
         """k, less near the end: a round emits at most k + 1 tokens and must fit in the context."""
         room = min(seq.params.max_tokens - len(seq.output_token_ids), self.config.max_model_len - len(seq))
-        return max(0, min(self.config.speculative.num_speculative_tokens, room - 1))
+        k = self.config.speculative.num_speculative_tokens if self.draft_length is None else self.draft_length.k
+        return max(0, min(k, room - 1))
 
     def _speculate(self, seqs: list[Sequence]) -> None:
         """Standard SD: draft for every running sequence, then verify them all."""
         gens = [self._sampling_generator(s) for s in seqs]
         start = time.time()
         drafts, dists = self.proposer.propose(seqs, [self._draft_len(s) for s in seqs], gens)
+        self._drafted(drafts, start, time.time())
         self._event("draft", 0, len(seqs), start, time.time())
         self._verify(seqs, drafts, dists, group=0)
         self.spec_metrics.num_steps += 1
@@ -216,6 +226,7 @@ class LLMEngine:
             self._submit(batches.members(running, x))
         drafted = len(drafter.in_flight)
         drafts = drafter.collect()
+        self._drafted([d for d, _ in drafts.values()], *drafter.last_span)
         self._event("draft", x, drafted, *drafter.last_span)
         others = batches.members(running, 1 - x)
         if others:
@@ -227,6 +238,10 @@ class LLMEngine:
         self.spec_metrics.num_overlapped_steps += bool(others)
         batches.rebalance(self.scheduler.running, x)
         return verified
+
+    def _drafted(self, drafts: list[list[int]], start: float, end: float) -> None:
+        if self.draft_length is not None:
+            self.draft_length.observe_draft(end - start, max(map(len, drafts), default=0))
 
     def _submit(self, seqs: list[Sequence]) -> None:
         self.proposer.submit(seqs, [self._draft_len(s) for s in seqs])
@@ -252,7 +267,10 @@ class LLMEngine:
             self.append_tokens(seq, tokens, self._logprobs(seq, row_logits[: len(tokens)], tokens))
             if seq.status != Status.FINISHED:  # drop the target's KV entries of rejected drafts
                 cache.truncate(seq.slot, len(seq) - 1)
-        self._event("verify", group, len(seqs), start, time.time(), accepted=accepted)
+        end = time.time()
+        if self.draft_length is not None:
+            self.draft_length.observe_verify(end - start, max(map(len, drafts)), list(zip(map(len, drafts), accepted)))
+        self._event("verify", group, len(seqs), start, end, accepted=accepted)
 
     def _event(self, kind: str, group: int, size: int, start: float, end: float, **extra) -> None:
         """Append to the opt-in step trace: who (target: decode or verify, drafter: draft) worked on

@@ -27,8 +27,8 @@ def test_assistant_model_scores_the_draft_vocabulary_like_our_decoder(tiny_llama
 
 
 def bench_args(tmp_path, **overrides) -> argparse.Namespace:
-    args = dict(model=None, dtype="float64", draft_model=None, speculative_config=None, modes="ar,hf",
-                num_speculative_tokens="2", concurrency="1", dataset=None, num_prompts=2, output_len=6,
+    args = dict(model=None, dtype="float64", draft_model=None, speculative_config=None, modes="ar,sd,hf",
+                num_speculative_tokens="2,auto", concurrency="1", dataset=None, num_prompts=2, output_len=6,
                 ignore_eos=True, temperature=0.0, max_model_len=256, repeats=1, output_json=None,
                 plot_dir=str(tmp_path / "plots"), seed=0)
     return argparse.Namespace(**{**args, **overrides})
@@ -38,9 +38,10 @@ def bench_args(tmp_path, **overrides) -> argparse.Namespace:
 def test_bench_offline_runs_transformers_assisted_generation_as_a_peer(tiny_chat, tmp_path, spec):
     report = run(bench_args(tmp_path, model=str(tiny_chat), **spec))
     hf = [r for r in report["rows"] if r["mode"] == "hf"]
-    assert len(hf) == 1 and hf[0]["k"] == 2 and hf[0]["concurrency"] == 1
+    assert [r["k"] for r in hf] == [2, "auto"] and all(r["concurrency"] == 1 for r in hf)
     assert hf[0]["output_tokens_per_s"] > 0 and hf[0]["ttft_mean_s"] > 0
-    assert hf[0]["identical_to_ar"] == 1.0  # greedy, float64: the same tokens as our engine
+    assert all(r["identical_to_ar"] == 1.0 for r in hf)  # greedy, float64: the same tokens as our engine
+    assert [r["k"] for r in report["rows"] if r["mode"] == "sd"] == [2, "auto"]
     assert (tmp_path / "plots" / "throughput_vs_k.png").stat().st_size > 0
     assert (tmp_path / "plots" / "latency_cdf.png").stat().st_size > 0
 

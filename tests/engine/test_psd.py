@@ -53,7 +53,7 @@ def run_staggered(llm, abort_index=None, kill_after=None, stop_after=None):
     return {i: done[r] for i, r in ids if r in done}
 
 
-@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("k", [1, 3, 5, "auto"])
 def test_greedy_psd_equals_ar_with_arrivals_and_an_abort(tiny_llama, tiny_draft, expected, k):
     with make(tiny_llama, tiny_draft, k=k) as llm:
         outs = run_staggered(llm, abort_index=2)

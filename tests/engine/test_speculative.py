@@ -26,7 +26,7 @@ def greedy_params():
     return [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (23, 40, 7, 31, 12)]
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, "auto"])
 def test_greedy_sd_equals_ar(ar, tiny_llama, tiny_draft, k):
     prompts = [{"prompt_token_ids": p} for p in PROMPTS]
     expected = token_ids(ar.generate(prompts, greedy_params(), use_tqdm=False))
@@ -109,7 +109,8 @@ def small_vocab_pair(tmp_path_factory):
             save_tiny_checkpoint(root / "draft", "llama", seed=3, vocab_size=12, num_hidden_layers=1))
 
 
-@pytest.mark.parametrize("placement", [{}, {"parallel": True}, {"draft_device": "cpu"}], ids=["sd", "psd", "sd-remote"])
+@pytest.mark.parametrize("placement", [{}, {"parallel": True}, {"draft_device": "cpu"}, {"num_speculative_tokens": "auto"}],
+                         ids=["sd", "psd", "sd-remote", "sd-auto"])
 def test_speculation_samples_the_targets_distribution(small_vocab_pair, placement):
     """At temperature 1 the second token (the first one speculation produces) follows the target's
     exact distribution; the draft's own distribution is far from it, so a sampler that leaned on
@@ -165,11 +166,12 @@ def test_a_reduced_vocabulary_drafter_keeps_the_targets_distribution(small_vocab
 NGRAM = {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
 
-def test_greedy_ngram_drafting_equals_ar(ar, tiny_llama):
+@pytest.mark.parametrize("k", [3, "auto"])
+def test_greedy_ngram_drafting_equals_ar(ar, tiny_llama, k):
     prompts = [{"prompt_token_ids": p} for p in PROMPTS]
     expected = token_ids(ar.generate(prompts, greedy_params(), use_tqdm=False))
     sd = LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=96,
-             speculative_config={**NGRAM, "num_speculative_tokens": 3})
+             speculative_config={**NGRAM, "num_speculative_tokens": k})
     assert token_ids(sd.generate(prompts, greedy_params(), use_tqdm=False)) == expected
     assert 0 < sd.get_metrics()["acceptance_rate"] < 1
 
@@ -192,6 +194,7 @@ def test_ngram_drafting_keeps_the_targets_distribution(small_vocab_pair):
 @pytest.mark.parametrize("spec,message", [
     ({"model": "self", "num_speculative_tokens": 0}, "num_speculative_tokens"),
     ({"model": "self", "num_speculative_tokens": 17}, "num_speculative_tokens"),
+    ({"model": "self", "num_speculative_tokens": "fast"}, 'integer in 1..16 or "auto"'),
     ({"model": "self", "num_speculative_tokens": 2, "bogus": 1}, "unknown speculative_config key 'bogus'"),
     ({"model": "self"}, "num_speculative_tokens"),
     ({"model": "self", "num_speculative_tokens": 2, "method": "eagle"}, "method"),

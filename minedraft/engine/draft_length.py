@@ -1,0 +1,80 @@
+"""`"num_speculative_tokens": "auto"`: each step's draft length chosen from live measurements."""
+
+AUTO_MAX_K = 8  # the longest draft "auto" considers
+
+
+class DraftLengthController:
+    """Picks k in 1..max_k to maximise the expected tokens emitted per second of one step.
+
+    Measured live, as exponential moving averages over recent steps:
+      alpha      per-token acceptance. A row with d drafts of which a were accepted made
+                 min(a + 1, d) accept-or-reject trials and a successes; alpha = successes / trials
+                 is the estimate of the geometric model E[tokens per row](k) = (1 - alpha^(k+1)) / (1 - alpha).
+      draft      seconds of one drafting step (one token for every row drafted).
+      verify(k)  seconds of a verification with k drafts per row, per k seen; a line through them
+                 (or the one value, while only one k has been seen) predicts the others.
+    Step time: sd drafts then verifies, k * draft + verify(k); psd drafts one sub-batch while it
+    verifies the other, max(verify(k), k * draft). Every `explore_every` steps the next k is a
+    neighbour of the best, so verify(k) stays measured around the optimum.
+    """
+
+    def __init__(self, parallel: bool, max_k: int = AUTO_MAX_K, start_k: int = 2, decay: float = 0.9,
+                 explore_every: int = 8):
+        self.parallel, self.max_k, self.decay, self.explore_every = parallel, max_k, decay, explore_every
+        self.k = start_k
+        self.trials = self.successes = 0.0
+        self.draft_s: float | None = None
+        self.verify_s: dict[int, float] = {}
+        self.steps = 0
+
+    def _ema(self, old: float | None, new: float) -> float:
+        return new if old is None else self.decay * old + (1 - self.decay) * new
+
+    def observe_draft(self, seconds: float, steps: int) -> None:
+        """The drafter took `seconds` for `steps` drafting steps."""
+        if steps > 0:
+            self.draft_s = self._ema(self.draft_s, seconds / steps)
+
+    def observe_verify(self, seconds: float, k: int, rows: list[tuple[int, int]]) -> None:
+        """A verification of rows drafted with length k took `seconds`; rows are (drafted, accepted)."""
+        if k > 0:
+            self.verify_s[k] = self._ema(self.verify_s.get(k), seconds)
+        self.trials = self.decay * self.trials + sum(min(a + 1, d) for d, a in rows if d)
+        self.successes = self.decay * self.successes + sum(a for d, a in rows if d)
+        self.steps += 1
+        best = self.best_k()
+        if self.steps % self.explore_every == 0:
+            best = min(self.max_k, best + 1) if (self.steps // self.explore_every) % 2 else max(1, best - 1)
+        self.k = best
+
+    @property
+    def alpha(self) -> float:
+        return self.successes / self.trials if self.trials else 0.5
+
+    def expected_tokens(self, k: int) -> float:
+        a = min(self.alpha, 1 - 1e-9)
+        return (1 - a ** (k + 1)) / (1 - a)
+
+    def predicted_verify(self, k: int) -> float:
+        """Least-squares line through the measured verify(k); flat while one k has been seen."""
+        ks = list(self.verify_s)
+        if len(ks) == 1:
+            return self.verify_s[ks[0]]
+        mean_k = sum(ks) / len(ks)
+        mean_v = sum(self.verify_s.values()) / len(ks)
+        slope = sum((x - mean_k) * (self.verify_s[x] - mean_v) for x in ks) / sum((x - mean_k) ** 2 for x in ks)
+        return max(1e-9, mean_v + max(0.0, slope) * (k - mean_k))
+
+    def step_time(self, k: int) -> float:
+        verify, draft = self.predicted_verify(k), k * (self.draft_s or 0.0)
+        return max(verify, draft) if self.parallel else verify + draft
+
+    def best_k(self) -> int:
+        if not self.verify_s:
+            return self.k
+        return max(range(1, self.max_k + 1), key=lambda k: self.expected_tokens(k) / self.step_time(k))
+
+    def as_dict(self) -> dict:
+        return {"k": self.k, "alpha": self.alpha, "draft_s": self.draft_s,
+                "verify_s": {k: v for k, v in sorted(self.verify_s.items())}}
+
