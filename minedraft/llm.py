@@ -36,8 +36,12 @@ class LLM:
             self.engine.close()
 
     def get_metrics(self) -> dict:
-        """Speculative-decoding counters (vLLM definitions); all zero without speculation."""
-        return self.engine.spec_metrics.as_dict()
+        """Speculative-decoding counters (vLLM definitions); all zero without speculation. With
+        num_speculative_tokens "auto", `draft_length` holds the controller's k and its inputs."""
+        metrics = self.engine.spec_metrics.as_dict()
+        if self.engine.draft_length is not None:
+            metrics["draft_length"] = self.engine.draft_length.as_dict()
+        return metrics
 
     def generate(
         self,

@@ -91,7 +91,7 @@ class AssistedGeneration:
         makespan = time.perf_counter() - start
         return {
             **request_figures(e2e, ttft, tokens, makespan),
-            "acceptance_rate": None, "mean_acceptance_length": None, "overlapped_share": None,
+            "acceptance_rate": None, "mean_acceptance_length": None, "mean_draft_length": None, "overlapped_share": None,
             "verify_s_median": None, "draft_s_median": None, "target_idle_share": None, "drafter_idle_share": None,
             "makespan_s": makespan, "outputs": outputs, "trace": [],
         }

@@ -67,6 +67,7 @@ def closed_loop(llm: LLM, prompts: list[list[int]], concurrency: int, params: Sa
         **outputs_figures(outs, makespan),
         "acceptance_rate": metrics["acceptance_rate"],
         "mean_acceptance_length": metrics["mean_acceptance_length"],
+        "mean_draft_length": metrics["num_draft_tokens"] / metrics["num_drafts"] if metrics["num_drafts"] else None,
         "overlapped_share": metrics["num_overlapped_steps"] / steps if steps else 0.0,
         **trace_figures(trace, makespan),
         "makespan_s": makespan,

@@ -36,6 +36,8 @@ def test_greedy_sd_equals_ar(ar, tiny_llama, tiny_draft, k):
     m = sd.get_metrics()
     assert 0 < m["acceptance_rate"] < 1  # the test exercises both acceptance and rejection
     assert sd.engine.runner.cache.num_free == 4 and sd.engine.proposer.runner.cache.num_free == 4
+    if k == "auto":
+        assert 1 <= m["draft_length"]["k"] <= 8 and 0 < m["draft_length"]["alpha"] < 1
 
 
 def test_greedy_sd_stops_at_max_model_len(tiny_llama, tiny_draft):
