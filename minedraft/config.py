@@ -37,7 +37,9 @@ class SpeculativeConfig:
     """vLLM-style `speculative_config`: {"method": "draft_model", "model": PATH | "self",
     "num_speculative_tokens": k}, or {"method": "ngram", "prompt_lookup_min": a,
     "prompt_lookup_max": b, "num_speculative_tokens": k} (prompt lookup, no draft model); k may be
-    "auto" (minedraft.engine.draft_length picks it every step). Without
+    "auto" (minedraft.engine.draft_length picks it every step). With "tetris": true every row
+    drafts k + `tetris_extra_proposals` tokens and only `tetris_capacity` drafts in all (0: k per
+    row) are verified, the most probable prefixes across the (sub-)batch (drafters/tetris.py). Without
     "model" the bundled target drafts with the bundled drafter (minedraft/draft_models, made by
     `minedraft train-draft`). Where a draft model runs:
 
@@ -60,10 +62,14 @@ class SpeculativeConfig:
     draft_timeout_s: float = 60.0
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
+    tetris: bool = False
+    tetris_extra_proposals: int = 1
+    tetris_capacity: int = 0
     model_path: Path | None = field(init=False)  # None for ngram
 
     KEYS = ("method", "model", "num_speculative_tokens", "parallel", "draft_device", "target_cpus",
-            "draft_cpus", "rendezvous", "draft_timeout_s", "prompt_lookup_min", "prompt_lookup_max")
+            "draft_cpus", "rendezvous", "draft_timeout_s", "prompt_lookup_min", "prompt_lookup_max",
+            "tetris", "tetris_extra_proposals", "tetris_capacity")
 
     @property
     def remote(self) -> bool:
@@ -88,6 +94,17 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config rendezvous must look like 'tcp://host:port', got {self.rendezvous!r}")
         if not isinstance(self.draft_timeout_s, (int, float)) or self.draft_timeout_s <= 0:
             raise ValueError(f"speculative_config draft_timeout_s must be > 0, got {self.draft_timeout_s!r}")
+
+    def _validate_tetris(self) -> None:
+        if not isinstance(self.tetris, bool):
+            raise ValueError(f"speculative_config tetris must be true or false, got {self.tetris!r}")
+        for name in ("tetris_extra_proposals", "tetris_capacity"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"speculative_config {name} must be an integer >= 0, got {value!r}")
+        if self.tetris and self.method == "ngram":
+            raise ValueError("speculative_config tetris ranks drafts by the drafter's probabilities; "
+                             "method 'ngram' has none (its drafts are certain)")
 
     def _validate_ngram(self) -> None:
         if self.model is not None:
@@ -116,6 +133,7 @@ class SpeculativeConfig:
 
     def validate(self, target: "EngineConfig") -> None:
         check_num_speculative_tokens(self.num_speculative_tokens)
+        self._validate_tetris()
         if self.method not in ("draft_model", "ngram"):
             raise ValueError(f"speculative_config method must be 'draft_model' or 'ngram', got {self.method!r}")
         if self.method == "ngram":

@@ -2,6 +2,7 @@
 
 import torch
 
+from minedraft.drafters.tetris import select_lengths
 from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.engine.sequence import Sequence
 from minedraft.models.llama import Decoder
@@ -36,20 +37,27 @@ class DraftModelProposer:
         self.views: dict[int, tuple[int, list[int]]] = {}
 
     def propose(
-        self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None]
+        self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None],
+        capacity: int | None = None,
     ) -> tuple[list[list[int]], list[torch.Tensor]]:
-        """Drafts per sequence (num_tokens[i] of them) and the distributions they were drawn from."""
+        """Drafts per sequence (num_tokens[i] of them) and the distributions they were drawn from.
+        With a `capacity` (TETRIS), only that many drafts in all are kept, the most promising
+        prefixes by the drafter's own confidence (drafters.tetris)."""
         drafts: list[list[int]] = [[] for _ in seqs]
         dists: list[list[torch.Tensor]] = [[] for _ in seqs]
+        confidences: list[list[float]] = [[] for _ in seqs]
         active = [i for i, n in enumerate(num_tokens) if n > 0]
         cache = self.runner.cache
         for i in active:
             seq = seqs[i]
             if seq.seq_id not in self.slots:
                 self.slots[seq.seq_id] = cache.allocate()
-            # Drop KV entries of drafts the target rejected since the last round.
+            # Drop KV entries of drafts the target rejected since the last round. The last token is
+            # always fed again (its logits start the drafts), even where the target chose a draft
+            # TETRIS had not sent for verification.
             slot = self.slots[seq.seq_id]
-            cache.truncate(slot, min(cache.lengths[slot], _kept_tokens(seq, self.views.get(seq.seq_id))))
+            kept = min(_kept_tokens(seq, self.views.get(seq.seq_id)), len(seq) - 1)
+            cache.truncate(slot, min(cache.lengths[slot], kept))
         pending = {i: seqs[i].tokens_from(cache.lengths[self.slots[seqs[i].seq_id]]) for i in active}
         # Long catch-ups (prompts) run on their own, so short rows are not padded to a prompt's length.
         long = [i for i in active if len(pending[i]) > 2]
@@ -61,14 +69,26 @@ class DraftModelProposer:
             logits = self.runner.forward([Row(self.slots[seqs[i].seq_id], pending[i]) for i in active])
             probs = probabilities(logits, [seqs[i].params for i in active])
             tokens = sample(probs, [generators[i] for i in active])
+            if capacity is not None:  # greedy rows: the drafter's temperature-1 softmax
+                scoring = torch.where(torch.tensor([generators[i] is None for i in active])[:, None],
+                                      torch.softmax(logits.float(), dim=-1), probs)
+                confident = scoring.max(dim=-1).values.tolist()
             for j, i in enumerate(active):
                 drafts[i].append(tokens[j])
                 dists[i].append(probs[j])
                 pending[i] = [tokens[j]]
+                if capacity is not None:
+                    confidences[i].append(confident[j])
             active = [i for i in active if len(drafts[i]) < num_tokens[i]]
         for seq, d in zip(seqs, drafts):
             if d:
-                self.views[seq.seq_id] = (len(seq), d)
+                # The whole draft: KV entries of drafts TETRIS drops stay valid where the target
+                # happens to produce the same tokens (_kept_tokens compares them).
+                self.views[seq.seq_id] = (len(seq), list(d))
+        if capacity is not None:
+            keep = select_lengths(confidences, capacity)
+            drafts = [d[:n] for d, n in zip(drafts, keep)]
+            dists = [d[:n] for d, n in zip(dists, keep)]
         return drafts, [torch.stack(d) if d else None for d in dists]
 
     def release(self, seq: Sequence) -> None:

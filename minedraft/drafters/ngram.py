@@ -23,10 +23,12 @@ class NgramProposer:
         self.min_n, self.max_n, self.vocab_size, self.dtype = min_n, max_n, vocab_size, dtype
 
     def propose(
-        self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None]
+        self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None],
+        capacity: int | None = None,
     ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         """Drafts (at most num_tokens[i], maybe none) and their distributions: each draft token was
-        chosen with certainty, so q is one-hot, and rejection sampling keeps it with probability p(x)."""
+        chosen with certainty, so q is one-hot, and rejection sampling keeps it with probability p(x).
+        `capacity` is not used: certain drafts give TETRIS nothing to rank (the config rejects it)."""
         drafts = [lookup(s.prompt_token_ids + s.output_token_ids, self.min_n, self.max_n, k) if k else []
                   for s, k in zip(seqs, num_tokens)]
         dists = []

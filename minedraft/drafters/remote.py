@@ -73,23 +73,25 @@ class RemoteDrafter:
         self.last_span: tuple[float, float] | None = None
 
     def propose(
-        self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None]
+        self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None],
+        capacity: int | None = None,
     ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         """Draft-then-wait, the in-process proposer's interface (the drafter samples with its own
         generators, so `generators` is not used)."""
-        self.submit(seqs, num_tokens)
+        self.submit(seqs, num_tokens, capacity)
         out = self.collect()
         return [out[s.seq_id][0] for s in seqs], [out[s.seq_id][1] for s in seqs]
 
-    def submit(self, seqs: list[Sequence], num_tokens: list[int]) -> None:
-        """Start drafting for `seqs`; the drafter seeds seeded requests' generators the same way."""
+    def submit(self, seqs: list[Sequence], num_tokens: list[int], capacity: int | None = None) -> None:
+        """Start drafting for `seqs` (TETRIS: keeping `capacity` drafts in all); the drafter seeds
+        seeded requests' generators the same way."""
         items = []
         for seq, k in zip(seqs, num_tokens):
             gen_seed = None if seq.params.seed is None else drafter_seed(seq.params.seed, seq.index)
             known = self.known.get(seq.seq_id, 0)
             items.append((seq.seq_id, seq.tokens_from(known), k, seq.params, gen_seed))
             self.known[seq.seq_id] = len(seq)
-        self._send({"op": "draft", "release": self.released, "seqs": items})
+        self._send({"op": "draft", "release": self.released, "seqs": items, "capacity": capacity})
         self.released = []
         self.in_flight = seqs
 

@@ -64,7 +64,7 @@ def worker_main(args: WorkerArgs) -> None:
                 seqs.append(seq)
                 num_tokens.append(k)
                 gens.append(None if params.greedy else seq.generator or default_gen)
-            drafts, dists = proposer.propose(seqs, num_tokens, gens)
+            drafts, dists = proposer.propose(seqs, num_tokens, gens, header.get("capacity"))
             sampled = [q for q, g in zip(dists, gens) if q is not None and g is not None]
             tensors = [torch.cat(sampled)] if sampled else []
             channel.send({"drafts": drafts, "start": start, "end": time.time()}, tensors)

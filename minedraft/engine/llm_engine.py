@@ -200,16 +200,28 @@ class LLMEngine:
         self._event("decode", -1, len(seqs), start, time.time())
 
     def _draft_len(self, seq: Sequence) -> int:
-        """k, less near the end: a round emits at most k + 1 tokens and must fit in the context."""
+        """Drafts to make: k (plus TETRIS's extra proposals), less near the end: a round emits at
+        most one token more than it drafts and must fit in the context."""
         room = min(seq.params.max_tokens - len(seq.output_token_ids), self.config.max_model_len - len(seq))
-        k = self.config.speculative.num_speculative_tokens if self.draft_length is None else self.draft_length.k
-        return max(0, min(k, room - 1))
+        return max(0, min(self._k() + self._extra(), room - 1))
+
+    def _k(self) -> int:
+        return self.config.speculative.num_speculative_tokens if self.draft_length is None else self.draft_length.k
+
+    def _extra(self) -> int:
+        spec = self.config.speculative
+        return spec.tetris_extra_proposals if spec.tetris else 0
+
+    def _capacity(self, seqs: list[Sequence]) -> int | None:
+        """TETRIS: how many drafts in all the batch (or sub-batch) `seqs` keeps."""
+        spec = self.config.speculative
+        return (spec.tetris_capacity or self._k() * len(seqs)) if spec.tetris else None
 
     def _speculate(self, seqs: list[Sequence]) -> None:
         """Standard SD: draft for every running sequence, then verify them all."""
         gens = [self._sampling_generator(s) for s in seqs]
         start = time.time()
-        drafts, dists = self.proposer.propose(seqs, [self._draft_len(s) for s in seqs], gens)
+        drafts, dists = self.proposer.propose(seqs, [self._draft_len(s) for s in seqs], gens, self._capacity(seqs))
         self._drafted(drafts, start, time.time())
         self._event("draft", 0, len(seqs), start, time.time())
         self._verify(seqs, drafts, dists, group=0)
@@ -244,7 +256,7 @@ class LLMEngine:
             self.draft_length.observe_draft(end - start, max(map(len, drafts), default=0))
 
     def _submit(self, seqs: list[Sequence]) -> None:
-        self.proposer.submit(seqs, [self._draft_len(s) for s in seqs])
+        self.proposer.submit(seqs, [self._draft_len(s) for s in seqs], self._capacity(seqs))
 
     def _verify(self, seqs: list[Sequence], drafts: list[list[int]], dists: list[torch.Tensor | None],
                 group: int) -> None:
@@ -270,7 +282,7 @@ class LLMEngine:
         end = time.time()
         if self.draft_length is not None:
             self.draft_length.observe_verify(end - start, max(map(len, drafts)), list(zip(map(len, drafts), accepted)))
-        self._event("verify", group, len(seqs), start, end, accepted=accepted)
+        self._event("verify", group, len(seqs), start, end, drafted=[len(d) for d in drafts], accepted=accepted)
 
     def _event(self, kind: str, group: int, size: int, start: float, end: float, **extra) -> None:
         """Append to the opt-in step trace: who (target: decode or verify, drafter: draft) worked on

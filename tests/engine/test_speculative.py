@@ -111,8 +111,9 @@ def small_vocab_pair(tmp_path_factory):
             save_tiny_checkpoint(root / "draft", "llama", seed=3, vocab_size=12, num_hidden_layers=1))
 
 
-@pytest.mark.parametrize("placement", [{}, {"parallel": True}, {"draft_device": "cpu"}, {"num_speculative_tokens": "auto"}],
-                         ids=["sd", "psd", "sd-remote", "sd-auto"])
+@pytest.mark.parametrize("placement", [{}, {"parallel": True}, {"draft_device": "cpu"}, {"num_speculative_tokens": "auto"},
+                                       {"tetris": True, "tetris_extra_proposals": 2, "tetris_capacity": 40}],
+                         ids=["sd", "psd", "sd-remote", "sd-auto", "sd-tetris"])
 def test_speculation_samples_the_targets_distribution(small_vocab_pair, placement):
     """At temperature 1 the second token (the first one speculation produces) follows the target's
     exact distribution; the draft's own distribution is far from it, so a sampler that leaned on
@@ -165,6 +166,21 @@ def test_a_reduced_vocabulary_drafter_keeps_the_targets_distribution(small_vocab
     assert chi2 < 31.26, chi2
 
 
+@pytest.mark.parametrize("placement", [{}, {"parallel": True}], ids=["sd", "psd"])
+def test_greedy_tetris_equals_ar_and_gives_rows_different_draft_lengths(ar, tiny_llama, tiny_draft, placement):
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    expected = token_ids(ar.generate(prompts, greedy_params(), use_tqdm=False))
+    spec = {"model": str(tiny_draft), "num_speculative_tokens": 2, "tetris": True, "tetris_extra_proposals": 2}
+    with LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=96, trace=True,
+             speculative_config={**spec, **placement}) as sd:
+        assert token_ids(sd.generate(prompts, greedy_params(), use_tqdm=False)) == expected
+        verified = [e for e in sd.engine.trace if e["kind"] == "verify"]
+        assert sd.get_metrics()["num_accepted_tokens"] > 0
+    # Capacity: k = 2 drafts per row on average in every verification; rows differ, some keep more than k.
+    assert all(sum(e["drafted"]) <= 2 * e["size"] for e in verified)
+    assert any(max(e["drafted"]) > 2 for e in verified) and any(min(e["drafted"]) < 2 for e in verified)
+
+
 NGRAM = {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
 
@@ -203,6 +219,9 @@ def test_ngram_drafting_keeps_the_targets_distribution(small_vocab_pair):
     ({"model": "/no/such/draft", "num_speculative_tokens": 2}, "does not exist"),
     ({"method": "ngram", "model": "self", "num_speculative_tokens": 2}, "drop 'model'"),
     ({"method": "ngram", "parallel": True, "num_speculative_tokens": 2}, "engine's process"),
+    ({"method": "ngram", "tetris": True, "num_speculative_tokens": 2}, "tetris ranks drafts"),
+    ({"model": "self", "tetris": True, "tetris_extra_proposals": -1, "num_speculative_tokens": 2},
+     "tetris_extra_proposals must be an integer >= 0"),
     ({"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2, "num_speculative_tokens": 2},
      "prompt_lookup_min <= prompt_lookup_max"),
 ])
