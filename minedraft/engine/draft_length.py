@@ -4,7 +4,8 @@ AUTO_MAX_K = 8  # the longest draft "auto" considers
 
 
 class DraftLengthController:
-    """Picks k in 1..max_k to maximise the expected tokens emitted per second of one step.
+    """Picks k in 0..max_k to maximise the expected tokens emitted per second of one step; k = 0
+    (no drafts: a plain decode step) when speculation does not pay.
 
     Measured live, as exponential moving averages over recent steps:
       alpha      per-token acceptance. A row with d drafts of which a were accepted made
@@ -15,7 +16,8 @@ class DraftLengthController:
                  (or the one value, while only one k has been seen) predicts the others.
     Step time: sd drafts then verifies, k * draft + verify(k); psd drafts one sub-batch while it
     verifies the other, max(verify(k), k * draft). Every `explore_every` steps the next k is a
-    neighbour of the best, so verify(k) stays measured around the optimum.
+    neighbour of the best, so verify(k) stays measured around the optimum (and a drafter switched
+    off at k = 0 is tried again; its catch-up on the tokens it missed counts as drafting time).
     """
 
     def __init__(self, parallel: bool, max_k: int = AUTO_MAX_K, start_k: int = 2, decay: float = 0.9,
@@ -37,14 +39,13 @@ class DraftLengthController:
 
     def observe_verify(self, seconds: float, k: int, rows: list[tuple[int, int]]) -> None:
         """A verification of rows drafted with length k took `seconds`; rows are (drafted, accepted)."""
-        if k > 0:
-            self.verify_s[k] = self._ema(self.verify_s.get(k), seconds)
+        self.verify_s[k] = self._ema(self.verify_s.get(k), seconds)
         self.trials = self.decay * self.trials + sum(min(a + 1, d) for d, a in rows if d)
         self.successes = self.decay * self.successes + sum(a for d, a in rows if d)
         self.steps += 1
         best = self.best_k()
         if self.steps % self.explore_every == 0:
-            best = min(self.max_k, best + 1) if (self.steps // self.explore_every) % 2 else max(1, best - 1)
+            best = min(self.max_k, best + 1) if (self.steps // self.explore_every) % 2 else max(0, best - 1)
         self.k = best
 
     @property
@@ -72,7 +73,7 @@ class DraftLengthController:
     def best_k(self) -> int:
         if not self.verify_s:
             return self.k
-        return max(range(1, self.max_k + 1), key=lambda k: self.expected_tokens(k) / self.step_time(k))
+        return max(range(self.max_k + 1), key=lambda k: self.expected_tokens(k) / self.step_time(k))
 
     def as_dict(self) -> dict:
         return {"k": self.k, "alpha": self.alpha, "draft_s": self.draft_s,

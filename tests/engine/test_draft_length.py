@@ -35,9 +35,19 @@ def test_high_acceptance_and_cheap_drafts_choose_long_drafts():
     assert c.best_k() == c.max_k
 
 
-def test_low_acceptance_and_costly_drafts_choose_one_token():
+def test_low_acceptance_and_costly_drafts_switch_speculation_off():
     c = DraftLengthController(parallel=False)
     feed(c, 64, lambda k: [(k, 0)] * 9 + [(k, 1)], verify=lambda k: 0.05 + 0.01 * k, draft_per_token=0.01)
+    assert c.best_k() == 0
+    assert c.expected_tokens(0) == 1
+
+
+def test_middling_acceptance_and_costly_verification_choose_one_token():
+    # alpha = 0.5; verify 50 ms + 20 ms per draft; drafts 1 ms: tokens per second 20 (k = 0), 21.1 (k = 1), 19.0 (k = 2).
+    c = DraftLengthController(parallel=False)
+    feed(c, 64, lambda k: [(k, min(k, 1))] * 5 + [(k, 0)] * 5 if k else [], verify=lambda k: 0.05 + 0.02 * k,
+         draft_per_token=0.001)
+    assert c.alpha == pytest.approx(0.5, abs=0.05)
     assert c.best_k() == 1
 
 
@@ -57,5 +67,5 @@ def test_exploration_visits_both_neighbours():
     for _ in range(40):
         seen.add(c.k)
         c.observe_draft(0.01 * c.k, c.k)
-        c.observe_verify(0.05, c.k, [(c.k, 0)])  # nothing accepted: k = 1 is best
-    assert {1, 2} <= seen and c.k in (1, 2)
+        c.observe_verify(0.05, c.k, [(c.k, 0)])  # nothing accepted: k = 0 is best
+    assert {0, 1} <= seen and c.k in (0, 1)
