@@ -24,7 +24,7 @@ class DraftLengthController:
                  explore_every: int = 8):
         self.parallel, self.max_k, self.decay, self.explore_every = parallel, max_k, decay, explore_every
         self.k = start_k
-        self.trials = self.successes = 0.0
+        self.trials, self.successes = 4.0, 2.0  # a prior worth four trials at alpha = 0.5; it decays away
         self.draft_s: float | None = None
         self.verify_s: dict[int, float] = {}
         self.steps = 0
@@ -50,7 +50,7 @@ class DraftLengthController:
 
     @property
     def alpha(self) -> float:
-        return self.successes / self.trials if self.trials else 0.5
+        return self.successes / self.trials
 
     def expected_tokens(self, k: int) -> float:
         a = min(self.alpha, 1 - 1e-9)

@@ -13,9 +13,13 @@ def feed(c: DraftLengthController, steps: int, alpha_rows, verify, draft_per_tok
 
 
 def test_acceptance_estimate_counts_trials_up_to_the_first_rejection():
-    c = DraftLengthController(parallel=False)
+    c = DraftLengthController(parallel=False, decay=0.5)
+    assert c.alpha == 0.5  # the prior: two successes in four trials
     # 4 drafts all kept: 4 trials, 4 kept; 4 drafts none kept: 1 trial; 4 drafts 2 kept: 3 trials.
     c.observe_verify(0.1, 4, [(4, 4), (4, 0), (4, 2), (0, 0)])
+    assert c.alpha == pytest.approx((0.5 * 2 + 6) / (0.5 * 4 + 8))
+    for _ in range(40):  # the prior decays away
+        c.observe_verify(0.1, 4, [(4, 4), (4, 0), (4, 2)])
     assert c.alpha == pytest.approx(6 / 8)
     assert c.expected_tokens(2) == pytest.approx(1 + 0.75 + 0.75**2)
 

@@ -61,7 +61,9 @@ def test_greedy_psd_equals_ar_with_arrivals_and_an_abort(tiny_llama, tiny_draft,
         for i, out in outs.items():
             assert out.token_ids == expected[i], i
         metrics = llm.get_metrics()
-        assert metrics["num_overlapped_steps"] > 0 and metrics["num_accepted_tokens"] > 0
+        assert metrics["num_overlapped_steps"] > 0
+        # "auto" may switch drafting off for this weak drafter; it drafted at first.
+        assert metrics["num_draft_tokens" if k == "auto" else "num_accepted_tokens"] > 0
         # Every slot is free again, in the target and in the drafter process.
         assert llm.engine.runner.cache.num_free == 4
         assert llm.engine.proposer.stats() == {"free_slots": 4, "sequences": 0}

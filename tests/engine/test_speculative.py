@@ -34,10 +34,12 @@ def test_greedy_sd_equals_ar(ar, tiny_llama, tiny_draft, k):
              speculative_config={"model": str(tiny_draft), "num_speculative_tokens": k})
     assert token_ids(sd.generate(prompts, greedy_params(), use_tqdm=False)) == expected
     m = sd.get_metrics()
-    assert 0 < m["acceptance_rate"] < 1  # the test exercises both acceptance and rejection
     assert sd.engine.runner.cache.num_free == 4 and sd.engine.proposer.runner.cache.num_free == 4
-    if k == "auto":
-        assert 1 <= m["draft_length"]["k"] <= 8 and 0 < m["draft_length"]["alpha"] < 1
+    if k == "auto":  # it may switch this weak drafter off (k = 0); it drafted at first
+        assert m["num_draft_tokens"] > 0 and m["acceptance_rate"] < 1
+        assert 0 <= m["draft_length"]["k"] <= 8 and 0 <= m["draft_length"]["alpha"] < 1
+    else:
+        assert 0 < m["acceptance_rate"] < 1  # the test exercises both acceptance and rejection
 
 
 def test_greedy_sd_stops_at_max_model_len(tiny_llama, tiny_draft):
