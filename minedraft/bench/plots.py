@@ -46,11 +46,15 @@ def plot_latency_cdf(results: dict[tuple, list[dict]], path: Path) -> None:
     """Per-request end-to-end latency CDF of every (mode, k, concurrency), all repeats pooled."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    configs = sorted({(mode, str(k)) for mode, k, _ in results})
+    colours = {config: plt.get_cmap("tab20")(i % 20) for i, config in enumerate(configs)}
+    styles = {c: ("-", "--", ":", "-.")[i % 4] for i, c in enumerate(sorted({c for _, _, c in results}))}
     for (mode, k, c), runs in sorted(results.items(), key=lambda kv: (kv[0][2], kv[0][0], str(kv[0][1]))):
         e2e = sorted(x for r in runs for x in r["e2e_s"])
-        ax.step(e2e, [(i + 1) / len(e2e) for i in range(len(e2e))], where="post",
-                label=f"{mode}{'' if k is None else f', k={k}'}, {c} in flight")
-    ax.set(xlabel="end-to-end latency per request (s)", ylabel="share of requests", title="Latency CDF")
+        ax.step(e2e, [(i + 1) / len(e2e) for i in range(len(e2e))], where="post", color=colours[(mode, str(k))],
+                linestyle=styles[c], label=f"{mode}{'' if k is None else f', k={k}'}, {c} in flight")
+    ax.set(xlabel="end-to-end latency per request (s)", ylabel="share of requests",
+           title="Latency CDF (colour: mode and k; line style: requests in flight)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6)
     _save(fig, path)
