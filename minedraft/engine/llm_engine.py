@@ -203,7 +203,8 @@ class LLMEngine:
         """Drafts to make: k (plus TETRIS's extra proposals), less near the end: a round emits at
         most one token more than it drafts and must fit in the context."""
         room = min(seq.params.max_tokens - len(seq.output_token_ids), self.config.max_model_len - len(seq))
-        return max(0, min(self._k() + self._extra(), room - 1))
+        k = self._k()
+        return max(0, min(k + self._extra() if k else 0, room - 1))
 
     def _k(self) -> int:
         return self.config.speculative.num_speculative_tokens if self.draft_length is None else self.draft_length.k
@@ -222,8 +223,9 @@ class LLMEngine:
         gens = [self._sampling_generator(s) for s in seqs]
         start = time.time()
         drafts, dists = self.proposer.propose(seqs, [self._draft_len(s) for s in seqs], gens, self._capacity(seqs))
-        self._drafted(drafts, start, time.time())
-        self._event("draft", 0, len(seqs), start, time.time())
+        end = time.time()
+        self._drafted(drafts, start, end)
+        self._event("draft", 0, len(seqs), start, end)
         self._verify(seqs, drafts, dists, group=0)
         self.spec_metrics.num_steps += 1
 
