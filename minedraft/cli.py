@@ -208,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=64, help="replies generated at once")
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--init-layers", default="0,1,2,3", help="target layers the drafter starts from")
+    p.add_argument("--init-from", default=None,
+                   help="continue from a drafter this command exported (its weights and vocabulary)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="the target's dtype while it generates and scores the data")
     p.add_argument("--vocab-size", type=int, default=8192, help="draft head size: most frequent reply tokens")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per optimiser step")

@@ -29,6 +29,7 @@ log = logging.getLogger("minedraft")
 @dataclass
 class TrainConfig:
     init_layers: tuple[int, ...] = (0, 1, 2, 3)  # target layers the student starts from
+    init_from: str | None = None  # or a drafter folder this recipe exported: its weights and vocabulary
     vocab_size: int = 8192  # draft head: this many most frequent reply tokens
     epochs: int = 3
     batch_tokens: int = 4096  # padded tokens per optimiser step
@@ -64,6 +65,20 @@ class Student(nn.Module):
         with torch.no_grad():  # the target's tied head, restricted to the draft vocabulary
             self.head.weight.copy_(weights["model.embed_tokens.weight"][vocab_ids])
 
+    def load_drafter(self, folder: Path) -> None:
+        """Continue from a drafter this recipe exported (same layer count and vocabulary)."""
+        tensors = read_safetensors(folder)
+        if not torch.equal(tensors["draft_vocab"].long(), self.vocab_ids):
+            raise ValueError(f"drafter {str(folder)!r} has another draft vocabulary")
+        state = {k[len("model."):]: v.float() for k, v in tensors.items() if k.startswith("model.")}
+        state["embed_tokens.weight"] = self.body.embed_tokens.weight
+        try:
+            self.body.load_state_dict(state, strict=True)
+        except RuntimeError as e:
+            raise ValueError(f"drafter {str(folder)!r} does not fit --init-layers: {e}") from None
+        with torch.no_grad():
+            self.head.weight.copy_(tensors["lm_head.weight"].float())
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
@@ -92,12 +107,17 @@ def split(samples: list[dict], every: int = 32) -> tuple[list[dict], list[dict]]
     return ([s for i, s in enumerate(samples) if i % every], [s for i, s in enumerate(samples) if i % every == 0])
 
 
-def frequent_tokens(samples: list[dict], vocab_size: int, size: int, always: set[int]) -> tuple[torch.Tensor, float]:
-    """The `size` most frequent reply tokens (`always` included, e.g. end-of-sequence ids), sorted,
-    and the share of reply tokens they cover."""
+def reply_token_counts(samples: list[dict], vocab_size: int) -> torch.Tensor:
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for s in samples:
         counts.index_add_(0, s["reply"].long(), torch.ones(len(s["reply"]), dtype=torch.long))
+    return counts
+
+
+def frequent_tokens(samples: list[dict], vocab_size: int, size: int, always: set[int]) -> tuple[torch.Tensor, float]:
+    """The `size` most frequent reply tokens (`always` included, e.g. end-of-sequence ids), sorted,
+    and the share of reply tokens they cover."""
+    counts = reply_token_counts(samples, vocab_size)
     score = counts.clone()
     score[list(always)] = counts.sum() + 1
     ids = score.topk(size).indices.sort().values
@@ -185,12 +205,19 @@ def train(target_dir: Path, shards: list[Path], work: Path, config: TrainConfig,
     samples = load_samples(shards)
     train_set, held_out = split(samples)
     vocab_size = read_config(target_dir)["vocab_size"]
-    vocab_ids, coverage = frequent_tokens(train_set, vocab_size, config.vocab_size, always)
+    if config.init_from:  # keep the drafter's vocabulary
+        vocab_ids = read_safetensors(Path(config.init_from))["draft_vocab"].long()
+        counts = reply_token_counts(train_set, vocab_size)
+        coverage = float(counts[vocab_ids].sum()) / max(1, int(counts.sum()))
+    else:
+        vocab_ids, coverage = frequent_tokens(train_set, vocab_size, config.vocab_size, always)
     log.info("%d training replies, %d held out; draft vocabulary of %d covers %.2f%% of reply tokens",
              len(train_set), len(held_out), len(vocab_ids), 100 * coverage)
     to_draft = torch.full((vocab_size,), -1, dtype=torch.long)
     to_draft[vocab_ids] = torch.arange(len(vocab_ids))
     student = Student(target_dir, config.init_layers, vocab_ids)
+    if config.init_from:
+        student.load_drafter(Path(config.init_from))
     params = [p for p in student.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
     rng = random.Random(config.seed)

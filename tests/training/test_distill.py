@@ -88,3 +88,11 @@ def test_distillation_lowers_held_out_loss_and_resumes(tiny_llama, tmp_path):
     with pytest.raises(ValueError, match="different training config"):
         train(tiny_llama, [shard], tmp_path / "work", TrainConfig(init_layers=(1,), vocab_size=60), always=set())
     assert read_config(student.export(tmp_path / "model", {"note": 1}))["minedraft_draft"]["note"] == 1
+    # Continuing from the export starts where the first run ended (up to float16 rounding).
+    again = TrainConfig(init_layers=(0,), init_from=str(tmp_path / "model"), epochs=1, batch_tokens=256)
+    train(tiny_llama, [shard], tmp_path / "again", again, always=set())
+    start = json.loads((tmp_path / "again" / "log.jsonl").read_text().splitlines()[0])
+    assert start["greedy_loss"] == pytest.approx(last["greedy_loss"], rel=1e-2)
+    with pytest.raises(ValueError, match="does not fit --init-layers"):
+        train(tiny_llama, [shard], tmp_path / "third", TrainConfig(init_layers=(0, 1), init_from=str(tmp_path / "model")),
+              always=set())
