@@ -212,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue from a drafter this command exported (its weights and vocabulary)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="the target's dtype while it generates and scores the data")
+    p.add_argument("--autocast-bf16", action="store_true", help="train under bfloat16 autocast (faster on AMX CPUs)")
     p.add_argument("--vocab-size", type=int, default=8192, help="draft head size: most frequent reply tokens")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per optimiser step")

@@ -30,6 +30,7 @@ log = logging.getLogger("minedraft")
 class TrainConfig:
     init_layers: tuple[int, ...] = (0, 1, 2, 3)  # target layers the student starts from
     init_from: str | None = None  # or a drafter folder this recipe exported: its weights and vocabulary
+    autocast_bf16: bool = False  # train steps under bfloat16 autocast (about 1.8x faster on an AMX CPU)
     vocab_size: int = 8192  # draft head: this many most frequent reply tokens
     epochs: int = 3
     batch_tokens: int = 4096  # padded tokens per optimiser step
@@ -247,7 +248,8 @@ def train(target_dir: Path, shards: list[Path], work: Path, config: TrainConfig,
     with tqdm(total=total, initial=step, desc="distilling", unit="step") as bar:
         while step < total:
             batch = collate(flat[step], to_draft)
-            loss, _ = loss_and_agreement(student, batch)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.autocast_bf16):
+                loss, _ = loss_and_agreement(student, batch)
             loss = loss.mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

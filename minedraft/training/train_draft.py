@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> Path:
         shards += forced_data(llm, work / "data", args.num_texts, args.shard_size, args.top_k, seed=args.seed)
     config = TrainConfig(init_layers=tuple(int(i) for i in args.init_layers.split(",")), init_from=args.init_from,
                          vocab_size=args.vocab_size, epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
-                         seed=args.seed)
+                         autocast_bf16=args.autocast_bf16, seed=args.seed)
     student = train(target, shards, work / "train", config, eos_token_ids(target, load_tokenizer(target)))
     recipe = {k: v for k, v in vars(args).items() if k != "func"}
     out = student.export(Path(args.export) if args.export else work / "model", {"recipe": recipe})
