@@ -4,8 +4,8 @@ AUTO_MAX_K = 8  # the longest draft "auto" considers
 
 
 class DraftLengthController:
-    """Picks k in 0..max_k to maximise the expected tokens emitted per second of one step; k = 0
-    (no drafts: a plain decode step) when speculation does not pay.
+    """Picks k in 0..max_k to maximise the expected tokens emitted per second; k = 0 (no drafts:
+    a plain decode step over every running sequence) when speculation does not pay.
 
     Measured live, as exponential moving averages over recent steps:
       alpha      per-token acceptance. A row with d drafts of which a were accepted made
@@ -14,8 +14,12 @@ class DraftLengthController:
       draft      seconds of one drafting step (one token for every row drafted).
       verify(k)  seconds of a verification with k drafts per row, per k seen; a line through them
                  (or the one value, while only one k has been seen) predicts the others.
+      rows(k)    sequences per step, with drafts and without (psd verifies one sub-batch per step,
+                 a plain decode step takes them all).
     Step time: sd drafts then verifies, k * draft + verify(k); psd drafts one sub-batch while it
-    verifies the other, max(verify(k), k * draft). Every `explore_every` steps the next k is a
+    verifies the other, max(verify(k), k * draft). The line for verify(k) runs through the k >= 1
+    seen only (verify(0) is a plain step, in psd of twice the rows). Tokens per second:
+    rows(k) * E[tokens per row](k) / step time(k). Every `explore_every` steps the next k is a
     neighbour of the best, so verify(k) stays measured around the optimum (and a drafter switched
     off at k = 0 is tried again; its catch-up on the tokens it missed counts as drafting time).
     """
@@ -27,6 +31,7 @@ class DraftLengthController:
         self.trials, self.successes = 4.0, 2.0  # a prior worth four trials at alpha = 0.5; it decays away
         self.draft_s: float | None = None
         self.verify_s: dict[int, float] = {}
+        self.rows: dict[bool, float | None] = {False: None, True: None}  # k > 0 -> rows per step
         self.steps = 0
 
     def _ema(self, old: float | None, new: float) -> float:
@@ -38,8 +43,10 @@ class DraftLengthController:
             self.draft_s = self._ema(self.draft_s, seconds / steps)
 
     def observe_verify(self, seconds: float, k: int, rows: list[tuple[int, int]]) -> None:
-        """A verification of rows drafted with length k took `seconds`; rows are (drafted, accepted)."""
+        """A verification of rows drafted with length k (0: a plain decode step) took `seconds`;
+        rows are (drafted, accepted) per sequence."""
         self.verify_s[k] = self._ema(self.verify_s.get(k), seconds)
+        self.rows[k > 0] = self._ema(self.rows[k > 0], len(rows))
         self.trials = self.decay * self.trials + sum(min(a + 1, d) for d, a in rows if d)
         self.successes = self.decay * self.successes + sum(a for d, a in rows if d)
         self.steps += 1
@@ -57,14 +64,20 @@ class DraftLengthController:
         return (1 - a ** (k + 1)) / (1 - a)
 
     def predicted_verify(self, k: int) -> float:
-        """Least-squares line through the measured verify(k); flat while one k has been seen."""
-        ks = list(self.verify_s)
+        """verify(0) as measured; for k >= 1 a least-squares line through the k >= 1 measured
+        (flat while one has been seen; from verify(0) while none has)."""
+        if k == 0 and 0 in self.verify_s:
+            return self.verify_s[0]
+        points = {x: v for x, v in self.verify_s.items() if x > 0} or self.verify_s
+        ks = list(points)
         if len(ks) == 1:
-            return self.verify_s[ks[0]]
-        mean_k = sum(ks) / len(ks)
-        mean_v = sum(self.verify_s.values()) / len(ks)
-        slope = sum((x - mean_k) * (self.verify_s[x] - mean_v) for x in ks) / sum((x - mean_k) ** 2 for x in ks)
+            return points[ks[0]]
+        mean_k, mean_v = sum(ks) / len(ks), sum(points.values()) / len(ks)
+        slope = sum((x - mean_k) * (points[x] - mean_v) for x in ks) / sum((x - mean_k) ** 2 for x in ks)
         return max(1e-9, mean_v + max(0.0, slope) * (k - mean_k))
+
+    def predicted_rows(self, k: int) -> float:
+        return self.rows[k > 0] or self.rows[k == 0] or 1.0
 
     def step_time(self, k: int) -> float:
         verify, draft = self.predicted_verify(k), k * (self.draft_s or 0.0)
@@ -73,7 +86,8 @@ class DraftLengthController:
     def best_k(self) -> int:
         if not self.verify_s:
             return self.k
-        return max(range(self.max_k + 1), key=lambda k: self.expected_tokens(k) / self.step_time(k))
+        return max(range(self.max_k + 1),
+                   key=lambda k: self.predicted_rows(k) * self.expected_tokens(k) / self.step_time(k))
 
     def as_dict(self) -> dict:
         return {"k": self.k, "alpha": self.alpha, "draft_s": self.draft_s,

@@ -161,7 +161,9 @@ class LLMEngine:
             self._decode(seqs)
             return self._outputs(seqs)
         try:
-            if self.batches is not None:
+            if self.draft_length is not None and self.draft_length.k == 0:
+                self._undrafted_step(seqs)
+            elif self.batches is not None:
                 seqs = self._parallel_step(seqs)
             else:
                 self._speculate(seqs)
@@ -252,6 +254,16 @@ class LLMEngine:
         self.spec_metrics.num_overlapped_steps += bool(others)
         batches.rebalance(self.scheduler.running, x)
         return verified
+
+    def _undrafted_step(self, seqs: list[Sequence]) -> None:
+        """"auto" chose k = 0: a plain decode step over every running sequence (in psd, both
+        sub-batches; drafts still in flight are collected and dropped), timed for the controller."""
+        if self.batches is not None and self.batches.in_flight is not None:
+            self.proposer.collect()
+            self.batches.in_flight = None
+        start = time.time()
+        self._decode(seqs)
+        self.draft_length.observe_verify(time.time() - start, 0, [(0, 0)] * len(seqs))
 
     def _drafted(self, drafts: list[list[int]], start: float, end: float) -> None:
         if self.draft_length is not None:

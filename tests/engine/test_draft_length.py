@@ -73,3 +73,16 @@ def test_exploration_visits_both_neighbours():
         c.observe_draft(0.01 * c.k, c.k)
         c.observe_verify(0.05, c.k, [(c.k, 0)])  # nothing accepted: k = 0 is best
     assert {0, 1} <= seen and c.k in (0, 1)
+
+
+@pytest.mark.parametrize("accepted,speculate", [(2, True), (0, False)])
+def test_psd_weighs_a_plain_step_over_all_rows_against_a_sub_batch_verification(accepted, speculate):
+    # A plain step decodes all 8 sequences in 60 ms; a psd step verifies a sub-batch of 4 in 40 ms.
+    # Half the drafts kept: 4 * 1.5 / 0.04 = 150 tokens/s beats 8 / 0.06 = 133; none kept: 4 / 0.04 = 100 does not.
+    c = DraftLengthController(parallel=True, explore_every=1000)
+    for _ in range(60):
+        c.observe_draft(0.01, 1)
+        c.observe_verify(0.04, 1, [(1, 1)] * accepted + [(1, 0)] * (4 - accepted))
+        c.observe_verify(0.06, 0, [(0, 0)] * 8)
+    assert c.predicted_rows(0) == pytest.approx(8) and c.predicted_rows(1) == pytest.approx(4)
+    assert (c.best_k() > 0) == speculate
