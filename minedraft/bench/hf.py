@@ -51,6 +51,8 @@ class FirstToken:
 
 
 class AssistedGeneration:
+    """transformers' target with our pair's drafter as its assistant (or its prompt lookup)."""
+
     def __init__(self, target_dir: Path, spec: SpeculativeConfig, dtype: torch.dtype):
         from transformers import AutoModelForCausalLM
 
