@@ -84,7 +84,7 @@ class DraftModelProposer:
             if d:
                 # The whole draft: KV entries of drafts TETRIS drops stay valid where the target
                 # happens to produce the same tokens (_kept_tokens compares them).
-                self.views[seq.seq_id] = (len(seq), list(d))
+                self.views[seq.seq_id] = (len(seq), d)
         if capacity is not None:
             keep = select_lengths(confidences, capacity)
             drafts = [d[:n] for d, n in zip(drafts, keep)]
