@@ -69,16 +69,15 @@ class DraftModelProposer:
             logits = self.runner.forward([Row(self.slots[seqs[i].seq_id], pending[i]) for i in active])
             probs = probabilities(logits, [seqs[i].params for i in active])
             tokens = sample(probs, [generators[i] for i in active])
-            if capacity is not None:  # greedy rows: the drafter's temperature-1 softmax
-                scoring = torch.where(torch.tensor([generators[i] is None for i in active])[:, None],
-                                      torch.softmax(logits.float(), dim=-1), probs)
-                confident = scoring.max(dim=-1).values.tolist()
+            if capacity is not None:  # a position's mode probability; greedy rows: the temperature-1 softmax
+                greedy = torch.tensor([generators[i] is None for i in active])
+                mode = torch.where(greedy, torch.softmax(logits.float(), dim=-1).amax(dim=-1), probs.amax(dim=-1))
+                for j, i in enumerate(active):
+                    confidences[i].append(float(mode[j]))
             for j, i in enumerate(active):
                 drafts[i].append(tokens[j])
                 dists[i].append(probs[j])
                 pending[i] = [tokens[j]]
-                if capacity is not None:
-                    confidences[i].append(confident[j])
             active = [i for i in active if len(drafts[i]) < num_tokens[i]]
         for seq, d in zip(seqs, drafts):
             if d:

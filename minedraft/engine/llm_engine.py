@@ -282,8 +282,9 @@ class LLMEngine:
         cache = self.runner.cache
         rows = [Row(s.slot, s.tokens_from(cache.lengths[s.slot]) + d, len(d) + 1) for s, d in zip(seqs, drafts)]
         logits = self.runner.forward(rows)
-        params = [s.params for s, d in zip(seqs, drafts) for _ in range(len(d) + 1)]
-        sizes = [len(d) + 1 for d in drafts]
+        drafted = [len(d) for d in drafts]
+        sizes = [n + 1 for n in drafted]
+        params = [s.params for s, n in zip(seqs, sizes) for _ in range(n)]
         targets = probabilities(logits, params).split(sizes)
         accepted = []
         for seq, d, q, p, gen, row_logits in zip(seqs, drafts, dists, targets, gens, logits.split(sizes)):
@@ -295,8 +296,8 @@ class LLMEngine:
                 cache.truncate(seq.slot, len(seq) - 1)
         end = time.time()
         if self.draft_length is not None:
-            self.draft_length.observe_verify(end - start, max(map(len, drafts)), list(zip(map(len, drafts), accepted)))
-        self._event("verify", group, len(seqs), start, end, drafted=[len(d) for d in drafts], accepted=accepted)
+            self.draft_length.observe_verify(end - start, max(drafted), list(zip(drafted, accepted)))
+        self._event("verify", group, len(seqs), start, end, drafted=drafted, accepted=accepted)
 
     def _event(self, kind: str, group: int, size: int, start: float, end: float, **extra) -> None:
         """Append to the opt-in step trace: who (target: decode or verify, drafter: draft) worked on
