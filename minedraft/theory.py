@@ -1,4 +1,16 @@
-"""The analytic model of SD and PSD step time (DESIGN.md section 3)."""
+"""The analytic model of AR, SD and PSD decoding speed (DESIGN.md section 3).
+
+Inputs, all measured: D, one plain decode step over the rows in flight; V, one verification of a
+step's rows with k drafts each; t, drafting those k tokens for them; the rows per step (every
+sequence in sd, one sub-batch in psd); and how often drafts are accepted. Output: tokens per
+second of the decode phase, hence speedups and the best k.
+
+Acceptance is modelled per draft position: rate[j] is the chance that draft j + 1 is accepted
+given that the j before it were. The textbook model takes one rate alpha for every position; a
+weak drafter is much better at its first token than at later ones, which that model misses.
+"""
+
+from collections.abc import Iterable
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -6,9 +18,55 @@ def expected_tokens(alpha: float, k: int) -> float:
     return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
+def count_by_position(rows: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """(tried, accepted) per draft position from (drafted, accepted) per verified row: draft j + 1
+    was tried where a row drafted more than j and accepted at least j, and accepted where it
+    accepted more than j. The lists end at the last position some row reached."""
+    tried: list[int] = []
+    taken: list[int] = []
+    for drafted, accepted in rows:
+        for j in range(min(accepted + 1, drafted)):
+            if j == len(tried):
+                tried.append(0)
+                taken.append(0)
+            tried[j] += 1
+            taken[j] += j < accepted
+    return tried, taken
+
+
+def acceptance_by_position(rows: Iterable[tuple[int, int]]) -> list[float]:
+    """Per-position conditional acceptance rates of verified rows (drafted, accepted)."""
+    tried, taken = count_by_position(rows)
+    return [a / n for a, n in zip(taken, tried)]
+
+
+def expected_tokens_by_position(rates: list[float], k: int) -> float:
+    """Tokens per verification round of a row with k drafts: 1 + sum over j <= k of the chance
+    that the first j drafts are all accepted. Positions past the measured ones reuse the last
+    rate (none measured: nothing is accepted)."""
+    total, p = 1.0, 1.0
+    for j in range(k):
+        p *= rates[min(j, len(rates) - 1)] if rates else 0.0
+        total += p
+    return total
+
+
+def step_seconds(verify_s: float, draft_s: float, parallel: bool) -> float:
+    """One speculative step: sd drafts then verifies; psd drafts one sub-batch while it verifies
+    the other, so the slower of the two sets the pace."""
+    return max(verify_s, draft_s) if parallel else verify_s + draft_s
+
+
+def speculative_tokens_per_s(verify_s: float, draft_s: float, rows: float, tokens_per_row: float,
+                             parallel: bool) -> float:
+    """Decode-phase tokens per second of sd or psd: each step emits tokens_per_row for each of its rows."""
+    return rows * tokens_per_row / step_seconds(verify_s, draft_s, parallel)
+
+
 def psd_speedup(verify_s: float, draft_s: float) -> float:
     """PSD over sequential SD when costs are linear in batch size: (V + t) / max(V, t), V and t
-    being one sub-batch's verify and draft times."""
+    being one sub-batch's verify and draft times. At most 2, reached when V = t: the bound that
+    the paper's analysis gives for overlapping the two stages."""
     return (verify_s + draft_s) / max(verify_s, draft_s)
 
 

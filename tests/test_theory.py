@@ -1,6 +1,7 @@
 import pytest
 
-from minedraft.theory import expected_tokens, psd_speedup, psd_speedup_equal_concurrency
+from minedraft.theory import (acceptance_by_position, expected_tokens, expected_tokens_by_position, psd_speedup,
+                              psd_speedup_equal_concurrency, speculative_tokens_per_s, step_seconds)
 
 
 def test_expected_tokens():
@@ -14,3 +15,26 @@ def test_psd_speedup_is_two_when_draft_and_verify_cost_the_same():
     assert psd_speedup(0.3, 0.1) == pytest.approx(4 / 3)
     # Linear costs: V(2b) = 2 V(b), t(2b) = 2 t(b) gives the same figure.
     assert psd_speedup_equal_concurrency(0.6, 0.2, 0.3, 0.1) == pytest.approx(4 / 3)
+
+
+def test_acceptance_by_position_counts_each_draft_only_where_it_was_reached():
+    # (drafted, accepted): draft 1 tried by the four rows that drafted, accepted by three;
+    # draft 2 reached by those three, accepted by two; draft 3 drafted and reached by one only.
+    rows = [(3, 3), (3, 1), (3, 0), (2, 2), (0, 0)]
+    assert acceptance_by_position(rows) == pytest.approx([3 / 4, 2 / 3, 1.0])
+    assert acceptance_by_position([]) == []
+
+
+def test_expected_tokens_by_position():
+    assert expected_tokens_by_position([0.5], 2) == pytest.approx(expected_tokens(0.5, 2))  # one rate: geometric
+    assert expected_tokens_by_position([0.5, 0.2], 3) == pytest.approx(1 + 0.5 + 0.1 + 0.02)  # last rate reused
+    assert expected_tokens_by_position([], 4) == 1
+    assert expected_tokens_by_position([0.9, 0.9], 0) == 1
+
+
+def test_step_time_and_throughput():
+    assert step_seconds(0.3, 0.1, parallel=False) == pytest.approx(0.4)
+    assert step_seconds(0.3, 0.1, parallel=True) == pytest.approx(0.3)
+    # 8 rows emitting 2 tokens each per 0.4 s step; psd: 4 rows per 0.3 s step.
+    assert speculative_tokens_per_s(0.3, 0.1, 8, 2.0, parallel=False) == pytest.approx(40)
+    assert speculative_tokens_per_s(0.3, 0.1, 4, 2.0, parallel=True) == pytest.approx(80 / 3)

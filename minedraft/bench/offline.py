@@ -6,6 +6,8 @@ Modes (CPU placement on this 2-core kind of machine):
   sd-remote  drafter in its own process on core 1, strictly draft-then-verify
   psd        drafter in its own process on core 1, two sub-batches overlapped
   sd-2t      standard SD with both cores (two threads): the equal-resources baseline
+  sd-tetris, psd-tetris  sd and psd with TETRIS ("tetris": true): rows draft k + e tokens and the
+             (sub-)batch verifies the k x rows most promising prefixes
   hf         the peer: transformers' assisted generation with the same pair (or its prompt lookup
              for the n-gram method), batch 1 (one request at a time), target on core 0
 """
@@ -27,13 +29,17 @@ from minedraft.config import MACHINE_CPUS, EngineConfig
 from minedraft.drafters.remote import pin
 from minedraft.engine.metrics import SpecDecodeMetrics
 from minedraft.engine.sequence import RequestOutput
-from minedraft.theory import psd_speedup, psd_speedup_equal_concurrency
+from minedraft.theory import (acceptance_by_position, expected_tokens_by_position, psd_speedup,
+                              psd_speedup_equal_concurrency, speculative_tokens_per_s)
 
-MODES = ("ar", "sd", "sd-remote", "psd", "sd-2t", "hf")
+MODES = ("ar", "sd", "sd-remote", "psd", "sd-2t", "sd-tetris", "psd-tetris", "hf")
 
 
 def placement(mode: str) -> tuple[list[int], dict | None]:
-    """(cores for the engine's process, speculative_config placement keys or None for ar)."""
+    """(cores for the engine's process, speculative_config keys of the mode, or None for ar)."""
+    if mode.endswith("-tetris"):
+        cores, spec = placement(mode.removesuffix("-tetris"))
+        return cores, {**spec, "tetris": True}
     cores = MACHINE_CPUS
     target, draft = cores[:1], cores[1:2] or cores[:1]
     return {
@@ -63,16 +69,19 @@ def closed_loop(llm: LLM, prompts: list[list[int]], concurrency: int, params: Sa
     trace = engine.trace or []
     metrics = engine.spec_metrics.as_dict()
     steps = metrics["num_steps"]
+    figures = trace_figures(trace, makespan)
     return {
         **outputs_figures(outs, makespan),
-        "acceptance_rate": metrics["acceptance_rate"],
-        "mean_acceptance_length": metrics["mean_acceptance_length"],
+        **paper_figures(outs, makespan, figures["prefill_s"]),
+        "acceptance_rate": metrics["acceptance_rate"] if metrics["num_drafts"] else None,
+        "mean_acceptance_length": metrics["mean_acceptance_length"] if metrics["num_drafts"] else None,
         "mean_draft_length": metrics["num_draft_tokens"] / metrics["num_drafts"] if metrics["num_drafts"] else None,
         "overlapped_share": metrics["num_overlapped_steps"] / steps if steps else 0.0,
-        **trace_figures(trace, makespan),
+        **figures,
         "makespan_s": makespan,
         "outputs": {index[o.request_id]: o.outputs[0].token_ids for o in outs},
         "trace": list(trace),
+        "verified_rows": [row for e in trace if e["kind"] == "verify" for row in zip(e["drafted"], e["accepted"])],
     }
 
 
@@ -83,15 +92,32 @@ def outputs_figures(outs: list[RequestOutput], makespan: float) -> dict:
                            [len(o.outputs[0].token_ids) for o in outs], makespan)
 
 
+def paper_figures(outs: list[RequestOutput], makespan: float, prefill_s: float) -> dict:
+    """The paper's figures: generation throughput over the decode phase only (every output token
+    but the first of each request, which its prefill makes, over the run less its prefill steps)
+    and makespan per request."""
+    tokens = sum(len(o.outputs[0].token_ids) - 1 for o in outs)
+    return {"generation_tokens_per_s": tokens / (makespan - prefill_s), "seconds_per_request": makespan / len(outs)}
+
+
 def trace_figures(trace: list[dict], makespan: float) -> dict:
-    """Median verify and draft times, and the share of the run each side sat idle."""
-    verify = [e["end"] - e["start"] for e in trace if e["kind"] == "verify"]
-    draft = [e["end"] - e["start"] for e in trace if e["kind"] == "draft"]
-    target_busy = sum(e["end"] - e["start"] for e in trace if e["kind"] in ("verify", "decode"))
+    """Step times (median and mean), rows per step, seconds of prefill, and the share of the run
+    each side sat idle."""
+    def spans(kind: str) -> list[float]:
+        return [e["end"] - e["start"] for e in trace if e["kind"] == kind]
+
+    def mean(values: list[float]) -> float | None:
+        return statistics.mean(values) if values else None
+
+    verify, draft, decode, prefill = spans("verify"), spans("draft"), spans("decode"), spans("prefill")
+    step_kind = "verify" if verify else "decode"  # the steps of the decode phase
     return {
         "verify_s_median": statistics.median(verify) if verify else None,
         "draft_s_median": statistics.median(draft) if draft else None,
-        "target_idle_share": max(0.0, 1 - target_busy / makespan),
+        "verify_s_mean": mean(verify), "draft_s_mean": mean(draft), "decode_s_mean": mean(decode),
+        "rows_per_step": mean([e["size"] for e in trace if e["kind"] == step_kind]),
+        "prefill_s": sum(prefill),
+        "target_idle_share": max(0.0, 1 - (sum(verify) + sum(decode) + sum(prefill)) / makespan),
         "drafter_idle_share": max(0.0, 1 - sum(draft) / makespan) if draft else None,
     }
 
@@ -191,7 +217,7 @@ def summarize(results: dict[tuple, list[dict]], args: argparse.Namespace) -> dic
     for (mode, k, c), runs in results.items():
         row = {"mode": mode, "k": k, "concurrency": c, "repeats": len(runs)}
         for key in runs[0]:
-            if key not in ("outputs", "trace", "e2e_s"):
+            if key not in ("outputs", "trace", "e2e_s", "verified_rows"):
                 row[key] = median_of(runs, key)
         row["e2e_s"] = [x for r in runs for x in r["e2e_s"]]  # every request of every repeat
         rows.append(row)
@@ -214,8 +240,34 @@ def summarize(results: dict[tuple, list[dict]], args: argparse.Namespace) -> dic
             if ref and ref["verify_s_median"] and ref["draft_s_median"] and V and t:
                 row["predicted_psd_over_sd_remote"] = psd_speedup_equal_concurrency(
                     ref["verify_s_median"], ref["draft_s_median"], V, t)
+    rates = predict(results, by)
     print_table(rows)
-    return {"command": {k: v for k, v in vars(args).items() if k != "func"}, "date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}
+    print_model_check(rows, rates)
+    return {"command": {k: v for k, v in vars(args).items() if k != "func"}, "date": time.strftime("%Y-%m-%d %H:%M"),
+            "acceptance_by_position": rates, "rows": rows}
+
+
+def predict(results: dict[tuple, list[dict]], by: dict[tuple, dict]) -> list[float]:
+    """minedraft.theory beside the measurements: each speculative row with a fixed k gets the
+    decode-phase speedup over ar that the model predicts from its own measured V, t and rows per
+    step, and the acceptance by draft position pooled over every run without TETRIS (the drafter
+    is the same in every mode). Returns that pooled acceptance."""
+    pooled = [row for (mode, k, _), runs in results.items() if k not in (None, "auto") and "tetris" not in mode
+              for r in runs for row in r["verified_rows"]]
+    rates = acceptance_by_position(pooled)
+    for (mode, k, c), runs in results.items():
+        row, ar = by[(mode, k, c)], by.get(("ar", None, c))
+        if ar is not None and mode != "ar" and row.get("generation_tokens_per_s"):
+            row["generation_speedup_vs_ar"] = row["generation_tokens_per_s"] / ar["generation_tokens_per_s"]
+        verified = [r for run in runs for r in run.get("verified_rows", [])]
+        if k in (None, "auto") or not verified or ar is None or not ar["decode_s_mean"] or not row["draft_s_mean"]:
+            continue
+        row["tokens_per_row"] = statistics.mean(a + 1 for _, a in verified)
+        row["predicted_tokens_per_row"] = statistics.mean(expected_tokens_by_position(rates, d) for d, _ in verified)
+        predicted = speculative_tokens_per_s(row["verify_s_mean"], row["draft_s_mean"], row["rows_per_step"],
+                                             row["predicted_tokens_per_row"], parallel=mode.startswith("psd"))
+        row["predicted_speedup_vs_ar"] = predicted / (ar["rows_per_step"] / ar["decode_s_mean"])
+    return rates
 
 
 def k_order(k: int | str | None) -> int:
@@ -243,3 +295,23 @@ def print_table(rows: list[dict]) -> None:
               f"{fmt(r['draft_s_median'] and r['draft_s_median'] * 1e3, '.0f')} | "
               f"{fmt(r.get('speedup_vs_sd'), '.2f')} | {fmt(r.get('speedup_vs_sd-remote'), '.2f')} "
               f"({fmt(pred, '.2f')}) | {fmt(r.get('identical_to_ar'), '.2f')} |")
+
+
+def print_model_check(rows: list[dict], rates: list[float]) -> None:
+    """Predicted against measured decode-phase speedup over ar, and the best k of each mode by both."""
+    print("\nacceptance by draft position (pooled): " + ", ".join(f"{r:.3f}" for r in rates))
+    print("\n| mode | k | conc | gen tok/s | s / request | tokens per row | predicted | x ar (decode phase) | "
+          "predicted | predicted / measured |")
+    print("|" + "---|" * 10)
+    checked = sorted((r for r in rows if "predicted_speedup_vs_ar" in r),
+                     key=lambda r: (r["concurrency"], MODES.index(r["mode"]), k_order(r["k"])))
+    for r in checked:
+        measured, predicted = r["generation_speedup_vs_ar"], r["predicted_speedup_vs_ar"]
+        print(f"| {r['mode']} | {r['k']} | {r['concurrency']} | {r['generation_tokens_per_s']:.1f} | "
+              f"{r['seconds_per_request']:.2f} | {r['tokens_per_row']:.2f} | {r['predicted_tokens_per_row']:.2f} | "
+              f"{measured:.2f} | {predicted:.2f} | {predicted / measured:.2f} |")
+    for mode, c in dict.fromkeys((r["mode"], r["concurrency"]) for r in checked):
+        group = [r for r in checked if (r["mode"], r["concurrency"]) == (mode, c)]
+        best = max(group, key=lambda r: r["generation_speedup_vs_ar"])["k"]
+        best_predicted = max(group, key=lambda r: r["predicted_speedup_vs_ar"])["k"]
+        print(f"best k, {mode} at {c} in flight: measured {best}, predicted {best_predicted}")

@@ -70,7 +70,7 @@ def plot_timeline(trace: list[dict], path: Path, title: str, max_seconds: float 
     starts = sorted(e["start"] for e in trace)
     t0 = starts[len(starts) // 2]
     fig, ax = plt.subplots(figsize=(12, 2.6))
-    lanes = {"verify": 1, "decode": 1, "draft": 0}
+    lanes = {"verify": 1, "decode": 1, "prefill": 1, "draft": 0}
     colours = {0: "tab:blue", 1: "tab:orange", -1: "lightgrey"}  # sub-batch 0, 1; -1: prefill / plain decode
     for e in trace:
         if e["end"] < t0 or e["start"] - t0 > max_seconds:

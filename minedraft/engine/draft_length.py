@@ -1,5 +1,9 @@
 """`"num_speculative_tokens": "auto"`: each step's draft length chosen from live measurements."""
 
+from itertools import zip_longest
+
+from minedraft.theory import count_by_position, expected_tokens_by_position, step_seconds
+
 AUTO_MAX_K = 8  # the longest draft "auto" considers
 
 
@@ -8,9 +12,12 @@ class DraftLengthController:
     a plain decode step over every running sequence) when speculation does not pay.
 
     Measured live, as exponential moving averages over recent steps:
-      alpha      per-token acceptance. A row with d drafts of which a were accepted made
-                 min(a + 1, d) accept-or-reject trials and a successes; alpha = successes / trials
-                 is the estimate of the geometric model E[tokens per row](k) = (1 - alpha^(k+1)) / (1 - alpha).
+      acceptance per draft position j: of the rows whose drafts reached position j (drafted that
+                 far, every earlier draft accepted), the share that kept draft j. Positions past
+                 those measured take the last measured rate (minedraft.theory, which also gives
+                 E[tokens per row](k) from these rates). A weak drafter's first token is accepted
+                 far more often than its later ones; one rate for every position would overrate
+                 long drafts.
       draft      seconds of one drafting step (one token for every row drafted).
       verify(k)  seconds of a verification with k drafts per row, per k seen; a line through them
                  (or the one value, while only one k has been seen) predicts the others.
@@ -20,15 +27,18 @@ class DraftLengthController:
     verifies the other, max(verify(k), k * draft). The line for verify(k) runs through the k >= 1
     seen only (verify(0) is a plain step, in psd of twice the rows). Tokens per second:
     rows(k) * E[tokens per row](k) / step time(k). Every `explore_every` steps the next k is a
-    neighbour of the best, so verify(k) stays measured around the optimum (and a drafter switched
-    off at k = 0 is tried again; its catch-up on the tokens it missed counts as drafting time).
+    neighbour of the best, so verify(k) and the acceptance of the next position stay measured
+    around the optimum (and a drafter switched off at k = 0 is tried again; its catch-up on the
+    tokens it missed counts as drafting time).
     """
 
     def __init__(self, parallel: bool, max_k: int = AUTO_MAX_K, start_k: int = 2, decay: float = 0.9,
                  explore_every: int = 8):
         self.parallel, self.max_k, self.decay, self.explore_every = parallel, max_k, decay, explore_every
         self.k = start_k
-        self.trials, self.successes = 4.0, 2.0  # a prior worth four trials at alpha = 0.5; it decays away
+        # Decayed trials and acceptances per draft position; the prior, draft 1 accepted in two of
+        # four trials, decays away.
+        self.tried, self.taken = [4.0], [2.0]
         self.draft_s: float | None = None
         self.verify_s: dict[int, float] = {}
         self.rows: dict[bool, float | None] = {False: None, True: None}  # k > 0 -> rows per step
@@ -47,8 +57,9 @@ class DraftLengthController:
         rows are (drafted, accepted) per sequence."""
         self.verify_s[k] = self._ema(self.verify_s.get(k), seconds)
         self.rows[k > 0] = self._ema(self.rows[k > 0], len(rows))
-        self.trials = self.decay * self.trials + sum(min(a + 1, d) for d, a in rows if d)
-        self.successes = self.decay * self.successes + sum(a for d, a in rows if d)
+        tried, taken = count_by_position(rows)
+        self.tried = [self.decay * old + new for old, new in zip_longest(self.tried, tried, fillvalue=0)]
+        self.taken = [self.decay * old + new for old, new in zip_longest(self.taken, taken, fillvalue=0)]
         self.steps += 1
         best = self.best_k()
         if self.steps % self.explore_every == 0:
@@ -56,12 +67,18 @@ class DraftLengthController:
         self.k = best
 
     @property
-    def alpha(self) -> float:
-        return self.successes / self.trials
+    def acceptance(self) -> list[float]:
+        """Acceptance rate per draft position, up to the last position still measured (positions
+        left untried for long decay to nothing and drop out)."""
+        rates = []
+        for tried, taken in zip(self.tried, self.taken):
+            if tried < 1e-3:
+                break
+            rates.append(taken / tried)
+        return rates
 
     def expected_tokens(self, k: int) -> float:
-        a = min(self.alpha, 1 - 1e-9)
-        return (1 - a ** (k + 1)) / (1 - a)
+        return expected_tokens_by_position(self.acceptance, k)
 
     def predicted_verify(self, k: int) -> float:
         """verify(0) as measured; for k >= 1 a least-squares line through the k >= 1 measured
@@ -80,8 +97,7 @@ class DraftLengthController:
         return self.rows[k > 0] or self.rows[k == 0] or 1.0
 
     def step_time(self, k: int) -> float:
-        verify, draft = self.predicted_verify(k), k * (self.draft_s or 0.0)
-        return max(verify, draft) if self.parallel else verify + draft
+        return step_seconds(self.predicted_verify(k), k * (self.draft_s or 0.0), self.parallel)
 
     def best_k(self) -> int:
         if not self.verify_s:
@@ -90,6 +106,6 @@ class DraftLengthController:
                    key=lambda k: self.predicted_rows(k) * self.expected_tokens(k) / self.step_time(k))
 
     def as_dict(self) -> dict:
-        return {"k": self.k, "alpha": self.alpha, "draft_s": self.draft_s,
+        return {"k": self.k, "acceptance": self.acceptance, "draft_s": self.draft_s,
                 "verify_s": {k: v for k, v in sorted(self.verify_s.items())}}
 

@@ -158,7 +158,7 @@ class LLMEngine:
         if not seqs:
             return []
         if prefill or self.proposer is None:
-            self._decode(seqs)
+            self._decode(seqs, "prefill" if prefill else "decode")
             return self._outputs(seqs)
         try:
             if self.draft_length is not None and self.draft_length.k == 0:
@@ -190,8 +190,8 @@ class LLMEngine:
         """The request's own generator, the engine's for unseeded requests, None for greedy ones."""
         return None if seq.params.greedy else seq.generator or self.generator
 
-    def _decode(self, seqs: list[Sequence]) -> None:
-        """A prefill or plain decode step: one target token per sequence."""
+    def _decode(self, seqs: list[Sequence], kind: str = "decode") -> None:
+        """A prefill or plain decode step (`kind`, as the trace names it): one target token per sequence."""
         start = time.time()
         lengths = self.runner.cache.lengths
         logits = self.runner.forward([Row(s.slot, s.tokens_from(lengths[s.slot])) for s in seqs])
@@ -199,7 +199,7 @@ class LLMEngine:
         tokens = sample(probs, [self._sampling_generator(s) for s in seqs])
         for i, (seq, token) in enumerate(zip(seqs, tokens)):
             self.append_tokens(seq, [token], self._logprobs(seq, logits[i : i + 1], [token]))
-        self._event("decode", -1, len(seqs), start, time.time())
+        self._event(kind, -1, len(seqs), start, time.time())
 
     def _draft_len(self, seq: Sequence) -> int:
         """Drafts to make: k (plus TETRIS's extra proposals), less near the end: a round emits at
@@ -300,8 +300,8 @@ class LLMEngine:
         self._event("verify", group, len(seqs), start, end, drafted=drafted, accepted=accepted)
 
     def _event(self, kind: str, group: int, size: int, start: float, end: float, **extra) -> None:
-        """Append to the opt-in step trace: who (target: decode or verify, drafter: draft) worked on
-        which sub-batch (-1: none) of how many sequences, from when to when (wall-clock seconds)."""
+        """Append to the opt-in step trace: who (target: prefill, decode or verify; drafter: draft)
+        worked on which sub-batch (-1: none) of how many sequences, from when to when (wall clock)."""
         if self.trace is not None:
             self.trace.append({"kind": kind, "group": group, "size": size, "start": start, "end": end, **extra})
 

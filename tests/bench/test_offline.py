@@ -49,3 +49,43 @@ def test_trace_figures_on_a_known_timeline():
     assert figures["verify_s_median"] == 1.5 and figures["draft_s_median"] == 0.75
     assert figures["target_idle_share"] == 0.6  # busy 1 + 2 + 1 of 10 s
     assert figures["drafter_idle_share"] == 0.85  # busy 1.5 of 10 s
+
+
+def test_trace_figures_mean_step_times_rows_and_prefill():
+    from minedraft.bench.offline import trace_figures
+
+    trace = [
+        {"kind": "prefill", "group": -1, "size": 2, "start": 0.0, "end": 2.0},
+        {"kind": "decode", "group": -1, "size": 2, "start": 2.0, "end": 3.0},
+        {"kind": "decode", "group": -1, "size": 1, "start": 3.0, "end": 5.0},
+    ]
+    figures = trace_figures(trace, makespan=5.0)
+    assert figures["prefill_s"] == 2.0 and figures["decode_s_mean"] == 1.5
+    assert figures["rows_per_step"] == 1.5 and figures["verify_s_mean"] is None
+    assert figures["target_idle_share"] == 0.0
+
+
+def test_paper_figures_count_the_decode_phase_only():
+    from minedraft.bench.offline import paper_figures
+
+    # 5 + 16 tokens, of which the two first ones came from prefills that took 3 of the 10 s.
+    figures = paper_figures([finished(0, 1, 5, 5), finished(2, 2.5, 10, 16)], makespan=10, prefill_s=3)
+    assert figures["generation_tokens_per_s"] == pytest.approx(19 / 7)
+    assert figures["seconds_per_request"] == 5
+
+
+def test_model_prediction_beside_measurement():
+    from minedraft.bench.offline import predict
+
+    ar = {"generation_tokens_per_s": 80.0, "decode_s_mean": 0.1, "rows_per_step": 8}  # 80 tok/s
+    # Half the rows accept both drafts, half none: acceptance 0.5 at draft 1, 1.0 at draft 2.
+    rows = [(2, 2), (2, 0)] * 4
+    sd = {"generation_tokens_per_s": 70.0, "verify_s_mean": 0.15, "draft_s_mean": 0.05, "rows_per_step": 8}
+    psd = {"generation_tokens_per_s": 56.0, "verify_s_mean": 0.15, "draft_s_mean": 0.05, "rows_per_step": 4}
+    by = {("ar", None, 8): ar, ("sd", 2, 8): sd, ("psd", 2, 8): psd}
+    results = {key: [{"verified_rows": [] if key[0] == "ar" else rows}] for key in by}
+    assert predict(results, by) == pytest.approx([0.5, 1.0])
+    assert sd["tokens_per_row"] == sd["predicted_tokens_per_row"] == pytest.approx(2.0)
+    assert sd["predicted_speedup_vs_ar"] == pytest.approx(1.0)  # 8 rows x 2 tokens per 0.2 s
+    assert sd["generation_speedup_vs_ar"] == pytest.approx(70 / 80)
+    assert psd["predicted_speedup_vs_ar"] == pytest.approx(4 * 2 / 0.15 / 80)  # 4 rows x 2 tokens per max(V, t)

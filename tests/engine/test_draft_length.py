@@ -12,16 +12,22 @@ def feed(c: DraftLengthController, steps: int, alpha_rows, verify, draft_per_tok
         c.observe_verify(verify(k), k, alpha_rows(k))
 
 
-def test_acceptance_estimate_counts_trials_up_to_the_first_rejection():
+def test_acceptance_is_estimated_per_draft_position():
     c = DraftLengthController(parallel=False, decay=0.5)
-    assert c.alpha == 0.5  # the prior: two successes in four trials
-    # 4 drafts all kept: 4 trials, 4 kept; 4 drafts none kept: 1 trial; 4 drafts 2 kept: 3 trials.
-    c.observe_verify(0.1, 4, [(4, 4), (4, 0), (4, 2), (0, 0)])
-    assert c.alpha == pytest.approx((0.5 * 2 + 6) / (0.5 * 4 + 8))
+    assert c.acceptance == [0.5]  # the prior: draft 1 kept in two of four trials
+    # (drafted, accepted): draft 1 reached by 3 rows, kept by 2; draft 2 reached by 2, kept by 1;
+    # drafts 3 and 4 reached and kept by 1.
+    rows = [(4, 4), (4, 0), (4, 1), (0, 0)]
+    c.observe_verify(0.1, 4, rows)
+    assert c.acceptance == pytest.approx([(0.5 * 2 + 2) / (0.5 * 4 + 3), 0.5, 1, 1])
     for _ in range(40):  # the prior decays away
-        c.observe_verify(0.1, 4, [(4, 4), (4, 0), (4, 2)])
-    assert c.alpha == pytest.approx(6 / 8)
-    assert c.expected_tokens(2) == pytest.approx(1 + 0.75 + 0.75**2)
+        c.observe_verify(0.1, 4, rows)
+    assert c.acceptance == pytest.approx([2 / 3, 0.5, 1, 1])
+    assert c.expected_tokens(2) == pytest.approx(1 + 2 / 3 + 1 / 3)
+    assert c.expected_tokens(6) == pytest.approx(1 + 2 / 3 + 5 * 1 / 3)  # past position 4: its rate again
+    for _ in range(40):  # one draft per row from now on: positions 2..4 are no longer measured
+        c.observe_verify(0.1, 1, [(1, 1), (1, 0)])
+    assert c.acceptance == pytest.approx([0.5])
 
 
 def test_verify_time_is_a_line_through_the_measured_points():
@@ -51,7 +57,17 @@ def test_middling_acceptance_and_costly_verification_choose_one_token():
     c = DraftLengthController(parallel=False)
     feed(c, 64, lambda k: [(k, min(k, 1))] * 5 + [(k, 0)] * 5 if k else [], verify=lambda k: 0.05 + 0.02 * k,
          draft_per_token=0.001)
-    assert c.alpha == pytest.approx(0.5, abs=0.05)
+    assert c.acceptance[0] == pytest.approx(0.5, abs=0.05)
+    assert c.best_k() == 1
+
+
+def test_a_drafter_good_at_its_first_token_only_drafts_one():
+    # Draft 1 kept 60% of the time, later drafts never: tokens per second 20 (k = 0), 28.6 (k = 1),
+    # 25.8 (k = 2), less beyond. One rate for every position would have rated k = 2 at 31.6.
+    c = DraftLengthController(parallel=False)
+    feed(c, 64, lambda k: [(k, min(k, 1))] * 6 + [(k, 0)] * 4 if k else [], verify=lambda k: 0.05 + 0.005 * k,
+         draft_per_token=0.001)
+    assert c.acceptance[:2] == pytest.approx([0.6, 0.0], abs=0.02)
     assert c.best_k() == 1
 
 
