@@ -10,6 +10,7 @@ given that the j before it were. The textbook model takes one rate alpha for eve
 weak drafter is much better at its first token than at later ones, which that model misses.
 """
 
+import statistics
 from collections.abc import Iterable
 
 
@@ -57,10 +58,15 @@ def step_seconds(verify_s: float, draft_s: float, parallel: bool) -> float:
     return max(verify_s, draft_s) if parallel else verify_s + draft_s
 
 
-def speculative_tokens_per_s(verify_s: float, draft_s: float, rows: float, tokens_per_row: float,
-                             parallel: bool) -> float:
-    """Decode-phase tokens per second of sd or psd: each step emits tokens_per_row for each of its rows."""
-    return rows * tokens_per_row / step_seconds(verify_s, draft_s, parallel)
+def mean_step_seconds(verify_s: list[float], draft_s: list[float], parallel: bool) -> float:
+    """Mean step time of a run from its verification and drafting times, in the order they ran.
+    In psd each verification runs beside the drafting of the next sub-batch, so the max is taken
+    step by step: the max of the means misses the few drafting steps that outlast verification
+    (the drafter's catch-up on the prompts of new requests), and with them up to a quarter of the
+    step time at 16 requests in flight (docs/BENCHMARKS.md, run 7)."""
+    if not parallel:
+        return statistics.mean(verify_s) + statistics.mean(draft_s)
+    return statistics.mean(step_seconds(v, t, parallel) for v, t in zip(verify_s, draft_s[1:]))
 
 
 def psd_speedup(verify_s: float, draft_s: float) -> float:

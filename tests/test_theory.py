@@ -1,7 +1,7 @@
 import pytest
 
-from minedraft.theory import (acceptance_by_position, expected_tokens, expected_tokens_by_position, psd_speedup,
-                              psd_speedup_equal_concurrency, speculative_tokens_per_s, step_seconds)
+from minedraft.theory import (acceptance_by_position, expected_tokens, expected_tokens_by_position, mean_step_seconds,
+                              psd_speedup, psd_speedup_equal_concurrency, step_seconds)
 
 
 def test_expected_tokens():
@@ -32,9 +32,11 @@ def test_expected_tokens_by_position():
     assert expected_tokens_by_position([0.9, 0.9], 0) == 1
 
 
-def test_step_time_and_throughput():
+def test_step_time():
     assert step_seconds(0.3, 0.1, parallel=False) == pytest.approx(0.4)
     assert step_seconds(0.3, 0.1, parallel=True) == pytest.approx(0.3)
-    # 8 rows emitting 2 tokens each per 0.4 s step; psd: 4 rows per 0.3 s step.
-    assert speculative_tokens_per_s(0.3, 0.1, 8, 2.0, parallel=False) == pytest.approx(40)
-    assert speculative_tokens_per_s(0.3, 0.1, 4, 2.0, parallel=True) == pytest.approx(80 / 3)
+    # sd: mean V + mean t. psd: verification j beside drafting j + 1; one slow drafting step
+    # (0.5 s, a catch-up on new prompts) costs what it outlasts its verification by.
+    verify, draft = [0.2, 0.2, 0.2, 0.2], [0.9, 0.1, 0.5, 0.1]
+    assert mean_step_seconds(verify, draft, parallel=False) == pytest.approx(0.2 + 0.4)
+    assert mean_step_seconds(verify, draft, parallel=True) == pytest.approx((0.2 + 0.5 + 0.2) / 3)

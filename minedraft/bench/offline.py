@@ -29,8 +29,8 @@ from minedraft.config import MACHINE_CPUS, EngineConfig
 from minedraft.drafters.remote import pin
 from minedraft.engine.metrics import SpecDecodeMetrics
 from minedraft.engine.sequence import RequestOutput
-from minedraft.theory import (acceptance_by_position, expected_tokens_by_position, psd_speedup,
-                              psd_speedup_equal_concurrency, speculative_tokens_per_s)
+from minedraft.theory import (acceptance_by_position, expected_tokens_by_position, mean_step_seconds, psd_speedup,
+                              psd_speedup_equal_concurrency)
 
 MODES = ("ar", "sd", "sd-remote", "psd", "sd-2t", "sd-tetris", "psd-tetris", "hf")
 
@@ -100,16 +100,18 @@ def paper_figures(outs: list[RequestOutput], makespan: float, prefill_s: float) 
     return {"generation_tokens_per_s": tokens / (makespan - prefill_s), "seconds_per_request": makespan / len(outs)}
 
 
+def spans(trace: list[dict], kind: str) -> list[float]:
+    """Durations of the trace's events of one kind, in order."""
+    return [e["end"] - e["start"] for e in trace if e["kind"] == kind]
+
+
 def trace_figures(trace: list[dict], makespan: float) -> dict:
     """Step times (median and mean), rows per step, seconds of prefill, and the share of the run
     each side sat idle."""
-    def spans(kind: str) -> list[float]:
-        return [e["end"] - e["start"] for e in trace if e["kind"] == kind]
-
     def mean(values: list[float]) -> float | None:
         return statistics.mean(values) if values else None
 
-    verify, draft, decode, prefill = spans("verify"), spans("draft"), spans("decode"), spans("prefill")
+    verify, draft, decode, prefill = (spans(trace, kind) for kind in ("verify", "draft", "decode", "prefill"))
     step_kind = "verify" if verify else "decode"  # the steps of the decode phase
     return {
         "verify_s_median": statistics.median(verify) if verify else None,
@@ -249,9 +251,10 @@ def summarize(results: dict[tuple, list[dict]], args: argparse.Namespace) -> dic
 
 def predict(results: dict[tuple, list[dict]], by: dict[tuple, dict]) -> list[float]:
     """minedraft.theory beside the measurements: each speculative row with a fixed k gets the
-    decode-phase speedup over ar that the model predicts from its own measured V, t and rows per
-    step, and the acceptance by draft position pooled over every run without TETRIS (the drafter
-    is the same in every mode). Returns that pooled acceptance."""
+    decode-phase speedup over ar that the model predicts from its own measured V and t (step by
+    step, `mean_step_seconds`), rows per step, and the acceptance by draft position pooled over
+    every run without TETRIS (the drafter is the same in every mode), against ar's mean decode
+    step and rows. Returns that pooled acceptance."""
     pooled = [row for (mode, k, _), runs in results.items() if k not in (None, "auto") and "tetris" not in mode
               for r in runs for row in r["verified_rows"]]
     rates = acceptance_by_position(pooled)
@@ -260,12 +263,13 @@ def predict(results: dict[tuple, list[dict]], by: dict[tuple, dict]) -> list[flo
         if ar is not None and mode != "ar" and row.get("generation_tokens_per_s"):
             row["generation_speedup_vs_ar"] = row["generation_tokens_per_s"] / ar["generation_tokens_per_s"]
         verified = [r for run in runs for r in run.get("verified_rows", [])]
-        if k in (None, "auto") or not verified or ar is None or not ar["decode_s_mean"] or not row["draft_s_mean"]:
+        if k in (None, "auto") or not verified or ar is None or not ar["decode_s_mean"]:
             continue
         row["tokens_per_row"] = statistics.mean(a + 1 for _, a in verified)
         row["predicted_tokens_per_row"] = statistics.mean(expected_tokens_by_position(rates, d) for d, _ in verified)
-        predicted = speculative_tokens_per_s(row["verify_s_mean"], row["draft_s_mean"], row["rows_per_step"],
-                                             row["predicted_tokens_per_row"], parallel=mode.startswith("psd"))
+        step = statistics.median(mean_step_seconds(spans(r["trace"], "verify"), spans(r["trace"], "draft"),
+                                                   parallel=mode.startswith("psd")) for r in runs)
+        predicted = row["rows_per_step"] * row["predicted_tokens_per_row"] / step
         row["predicted_speedup_vs_ar"] = predicted / (ar["rows_per_step"] / ar["decode_s_mean"])
     return rates
 

@@ -12,6 +12,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.prefilled_last = False
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -22,12 +23,14 @@ class Scheduler:
     def schedule(self) -> tuple[list[Sequence], bool]:
         """The sequences for the next step and whether it is a prefill step.
 
-        Waiting requests are admitted first (prefill), as many as free slots and the padded token
-        budget allow; otherwise every running sequence decodes.
+        Waiting requests are admitted (prefill), as many as free slots and the padded token budget
+        allow; otherwise every running sequence decodes. A prefill step is never followed by
+        another while sequences are running: a queue of long prompts would otherwise stall every
+        stream in flight for as long as their prefills take.
         """
         admitted: list[Sequence] = []
         longest = 0
-        while self.waiting and self.cache.num_free > 0:
+        while self.waiting and self.cache.num_free > 0 and not (self.prefilled_last and self.running):
             seq = self.waiting[0]
             longest_if = max(longest, len(seq))
             if admitted and longest_if * (len(admitted) + 1) > self.max_num_batched_tokens:
@@ -37,6 +40,7 @@ class Scheduler:
             seq.status = Status.RUNNING
             admitted.append(seq)
             longest = longest_if
+        self.prefilled_last = bool(admitted)
         if admitted:
             self.running.extend(admitted)
             return admitted, True
