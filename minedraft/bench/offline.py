@@ -256,7 +256,7 @@ def predict(results: dict[tuple, list[dict]], by: dict[tuple, dict]) -> list[flo
     every run without TETRIS (the drafter is the same in every mode), against ar's mean decode
     step and rows. Returns that pooled acceptance."""
     pooled = [row for (mode, k, _), runs in results.items() if k not in (None, "auto") and "tetris" not in mode
-              for r in runs for row in r["verified_rows"]]
+              for r in runs for row in r.get("verified_rows", [])]
     rates = acceptance_by_position(pooled)
     for (mode, k, c), runs in results.items():
         row, ar = by[(mode, k, c)], by.get(("ar", None, c))
