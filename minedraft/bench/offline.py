@@ -194,7 +194,7 @@ def run(args: argparse.Namespace) -> dict:
                         llms[mode].engine.set_num_speculative_tokens(k)
                     figures = closed_loop(llms[mode], prompts, c, params)
                 results.setdefault((mode, k if spec is not None else None, c), []).append(figures)
-                if args.plot_dir and mode in ("psd", "sd-remote"):
+                if args.plot_dir and (mode.startswith("psd") or mode == "sd-remote"):
                     plot_timeline(figures["trace"], Path(args.plot_dir) / f"timeline_{mode}_k{k}_c{c}.png",
                                   f"{mode}, k={k}, {c} requests in flight")
                 bar.update()

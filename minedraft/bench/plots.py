@@ -21,24 +21,31 @@ def _save(fig, path: Path) -> None:
 
 
 def plot_throughput_vs_k(rows: list[dict], path: Path) -> None:
-    """Output tokens/s against k, one line per mode and concurrency; ar (no k) and "auto" (k chosen
-    every step) are horizontal lines."""
+    """Output tokens/s against k, one panel per concurrency and one colour per mode; ar (no k) is a
+    dashed line, "auto" (k chosen every step) a star right of the largest k."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    concurrencies = sorted({r["concurrency"] for r in rows})
+    fig, axes = plt.subplots(1, len(concurrencies), figsize=(5 * len(concurrencies) + 2, 4.2), squeeze=False)
     ks = sorted({r["k"] for r in rows if isinstance(r["k"], int)}) or [1]
-    for mode, c in sorted({(r["mode"], r["concurrency"]) for r in rows}):
-        line = [r for r in rows if r["mode"] == mode and r["concurrency"] == c]
-        fixed = sorted((r for r in line if isinstance(r["k"], int)), key=lambda r: r["k"])
-        if fixed:
-            ax.plot([r["k"] for r in fixed], [r["output_tokens_per_s"] for r in fixed], marker="o",
-                    label=f"{mode}, {c} in flight")
-        for r in line:
-            if not isinstance(r["k"], int):
-                ax.plot([ks[0], ks[-1]], [r["output_tokens_per_s"]] * 2, linestyle="--" if r["k"] is None else ":",
-                        label=f"{mode}{'' if r['k'] is None else ' k=auto'}, {c} in flight")
-    ax.set(xlabel="num_speculative_tokens k", ylabel="output tokens/s", title="Throughput against k")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    colours = {mode: plt.get_cmap("tab10")(i % 10) for i, mode in enumerate(modes)}
+    for ax, c in zip(axes[0], concurrencies):
+        for mode in modes:
+            line = [r for r in rows if r["mode"] == mode and r["concurrency"] == c]
+            fixed = sorted((r for r in line if isinstance(r["k"], int)), key=lambda r: r["k"])
+            if fixed:
+                ax.plot([r["k"] for r in fixed], [r["output_tokens_per_s"] for r in fixed], marker="o",
+                        color=colours[mode], label=mode)
+            for r in line:
+                if r["k"] is None:
+                    ax.axhline(r["output_tokens_per_s"], linestyle="--", color=colours[mode], label=mode)
+                elif r["k"] == "auto":
+                    ax.plot([ks[-1] + 1], [r["output_tokens_per_s"]], marker="*", markersize=11, linestyle="",
+                            color=colours[mode], label=f"{mode}, auto" if not fixed else None)
+        ax.set_xticks(ks + [ks[-1] + 1], [str(k) for k in ks] + ["auto"])
+        ax.set(xlabel="num_speculative_tokens k", ylabel="output tokens/s", title=f"{c} requests in flight")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
     _save(fig, path)
 
 
