@@ -58,15 +58,20 @@ def step_seconds(verify_s: float, draft_s: float, parallel: bool) -> float:
     return max(verify_s, draft_s) if parallel else verify_s + draft_s
 
 
-def mean_step_seconds(verify_s: list[float], draft_s: list[float], parallel: bool) -> float:
-    """Mean step time of a run from its verification and drafting times, in the order they ran.
-    In psd each verification runs beside the drafting of the next sub-batch, so the max is taken
-    step by step: the max of the means misses the few drafting steps that outlast verification
-    (the drafter's catch-up on the prompts of new requests), and with them up to a quarter of the
-    step time at 16 requests in flight (docs/BENCHMARKS.md, run 7)."""
-    if not parallel:
-        return statistics.mean(verify_s) + statistics.mean(draft_s)
-    return statistics.mean(step_seconds(v, t, parallel) for v, t in zip(verify_s, draft_s[1:]))
+def mean_step_seconds(verify_s: list[float], draft_s: list[float], overlapped_share: float) -> float:
+    """Mean step time of a run from its verification and drafting times, in the order they ran,
+    and the share of its steps that verified one sub-batch while the drafter drafted the other
+    (psd with both sub-batches non-empty; 0 for sd, and for psd with one request in flight).
+    Sequential steps take V + t. In an overlapped step the verification runs beside the drafting
+    of the next sub-batch and the slower of the two ends it; the max is taken step by step, as the
+    max of the means misses the few drafting steps that outlast verification (the drafter's
+    catch-up on the prompts of new requests), and with them up to a quarter of the step time at 16
+    requests in flight (docs/BENCHMARKS.md, run 7)."""
+    sequential = statistics.mean(verify_s) + statistics.mean(draft_s)
+    if not overlapped_share:
+        return sequential
+    overlapped = statistics.mean(max(v, t) for v, t in zip(verify_s, draft_s[1:]))
+    return overlapped_share * overlapped + (1 - overlapped_share) * sequential
 
 
 def psd_speedup(verify_s: float, draft_s: float) -> float:

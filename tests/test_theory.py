@@ -35,8 +35,9 @@ def test_expected_tokens_by_position():
 def test_step_time():
     assert step_seconds(0.3, 0.1, parallel=False) == pytest.approx(0.4)
     assert step_seconds(0.3, 0.1, parallel=True) == pytest.approx(0.3)
-    # sd: mean V + mean t. psd: verification j beside drafting j + 1; one slow drafting step
-    # (0.5 s, a catch-up on new prompts) costs what it outlasts its verification by.
+    # Sequential steps: mean V + mean t. Overlapped: verification j beside drafting j + 1; one slow
+    # drafting step (0.5 s, a catch-up on new prompts) costs what it outlasts its verification by.
     verify, draft = [0.2, 0.2, 0.2, 0.2], [0.9, 0.1, 0.5, 0.1]
-    assert mean_step_seconds(verify, draft, parallel=False) == pytest.approx(0.2 + 0.4)
-    assert mean_step_seconds(verify, draft, parallel=True) == pytest.approx((0.2 + 0.5 + 0.2) / 3)
+    assert mean_step_seconds(verify, draft, overlapped_share=0.0) == pytest.approx(0.2 + 0.4)
+    assert mean_step_seconds(verify, draft, overlapped_share=1.0) == pytest.approx((0.2 + 0.5 + 0.2) / 3)
+    assert mean_step_seconds(verify, draft, overlapped_share=0.5) == pytest.approx((0.6 + 0.3) / 2)

@@ -246,13 +246,15 @@ def summarize(results: dict[tuple, list[dict]], args: argparse.Namespace) -> dic
     print_table(rows)
     print_model_check(rows, rates)
     return {"command": {k: v for k, v in vars(args).items() if k != "func"}, "date": time.strftime("%Y-%m-%d %H:%M"),
-            "acceptance_by_position": rates, "rows": rows}
+            "acceptance_by_position": rates, "rows": rows,
+            "traces": {f"{mode} k={k} c={c}": [r.get("trace", []) for r in runs] for (mode, k, c), runs in results.items()}}
 
 
 def predict(results: dict[tuple, list[dict]], by: dict[tuple, dict]) -> list[float]:
     """minedraft.theory beside the measurements: each speculative row with a fixed k gets the
     decode-phase speedup over ar that the model predicts from its own measured V and t (step by
-    step, `mean_step_seconds`), rows per step, and the acceptance by draft position pooled over
+    step, `mean_step_seconds`), share of overlapped steps, rows per step, and the acceptance by
+    draft position pooled over
     every run without TETRIS (the drafter is the same in every mode), against ar's mean decode
     step and rows. Returns that pooled acceptance."""
     pooled = [row for (mode, k, _), runs in results.items() if k not in (None, "auto") and "tetris" not in mode
@@ -268,7 +270,7 @@ def predict(results: dict[tuple, list[dict]], by: dict[tuple, dict]) -> list[flo
         row["tokens_per_row"] = statistics.mean(a + 1 for _, a in verified)
         row["predicted_tokens_per_row"] = statistics.mean(expected_tokens_by_position(rates, d) for d, _ in verified)
         step = statistics.median(mean_step_seconds(spans(r["trace"], "verify"), spans(r["trace"], "draft"),
-                                                   parallel=mode.startswith("psd")) for r in runs)
+                                                   r["overlapped_share"]) for r in runs)
         predicted = row["rows_per_step"] * row["predicted_tokens_per_row"] / step
         row["predicted_speedup_vs_ar"] = predicted / (ar["rows_per_step"] / ar["decode_s_mean"])
     return rates

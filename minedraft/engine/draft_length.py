@@ -26,16 +26,21 @@ class DraftLengthController:
     Step time: sd drafts then verifies, k * draft + verify(k); psd drafts one sub-batch while it
     verifies the other, max(verify(k), k * draft). The line for verify(k) runs through the k >= 1
     seen only (verify(0) is a plain step, in psd of twice the rows). Tokens per second:
-    rows(k) * E[tokens per row](k) / step time(k). Every `explore_every` steps the next k is a
-    neighbour of the best, so verify(k) and the acceptance of the next position stay measured
-    around the optimum (and a drafter switched off at k = 0 is tried again; its catch-up on the
-    tokens it missed counts as drafting time).
+    rows(k) * E[tokens per row](k) / step time(k). Now and then the next k is a neighbour of the
+    best, so verify(k) and the acceptance of the next position stay measured around the optimum
+    (and a drafter switched off at k = 0 is tried again; its catch-up on the tokens it missed
+    counts as drafting time): after `explore_every` steps, and twice as long after each
+    exploration that leaves the best k unchanged, up to `max_interval`.
     """
 
     def __init__(self, parallel: bool, max_k: int = AUTO_MAX_K, start_k: int = 2, decay: float = 0.9,
-                 explore_every: int = 8):
-        self.parallel, self.max_k, self.decay, self.explore_every = parallel, max_k, decay, explore_every
+                 explore_every: int = 8, max_interval: int = 64):
+        self.parallel, self.max_k, self.decay = parallel, max_k, decay
         self.k = start_k
+        self.explore_every, self.max_interval = explore_every, max_interval
+        self.interval, self.next_explore = explore_every, explore_every
+        self.settled: int | None = None  # the best k at the last exploration
+        self.explorations = 0
         # Decayed trials and acceptances per draft position; the prior, draft 1 accepted in two of
         # four trials, decays away.
         self.tried, self.taken = [4.0], [2.0]
@@ -62,8 +67,15 @@ class DraftLengthController:
         self.taken = [self.decay * old + new for old, new in zip_longest(self.taken, taken, fillvalue=0)]
         self.steps += 1
         best = self.best_k()
-        if self.steps % self.explore_every == 0:
-            best = min(self.max_k, best + 1) if (self.steps // self.explore_every) % 2 else max(0, best - 1)
+        if self.steps >= self.next_explore:
+            # An exploration that finds the best k where the last one left it doubles the wait
+            # before the next: a settled choice (k = 0 above all, after which the drafter must
+            # catch up on every token it missed) is not paid for every few steps.
+            self.interval = min(2 * self.interval, self.max_interval) if best == self.settled else self.explore_every
+            self.settled, self.explorations = best, self.explorations + 1
+            self.next_explore = self.steps + self.interval
+            up = (self.explorations % 2 or best == 0) and best < self.max_k  # alternate, within 0..max_k
+            best = best + 1 if up else best - 1
         self.k = best
 
     @property

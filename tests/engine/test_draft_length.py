@@ -102,3 +102,15 @@ def test_psd_weighs_a_plain_step_over_all_rows_against_a_sub_batch_verification(
         c.observe_verify(0.06, 0, [(0, 0)] * 8)
     assert c.predicted_rows(0) == pytest.approx(8) and c.predicted_rows(1) == pytest.approx(4)
     assert (c.best_k() > 0) == speculate
+
+
+def test_explorations_grow_rarer_while_the_choice_holds():
+    c = DraftLengthController(parallel=False, explore_every=8, max_interval=64)
+    drafted_steps = []
+    for step in range(400):
+        if c.k:
+            drafted_steps.append(step)
+        c.observe_draft(0.01 * c.k, c.k)
+        c.observe_verify(0.05 + 0.02 * c.k, c.k, [(c.k, 0)] * 4)  # nothing accepted: k = 0 is best
+    # The start (k = 2), then explorations of k = 1 (none below 0) 8, 8, 16, 32, 64, 64, ... steps apart.
+    assert drafted_steps == [0, 1, 8, 16, 32, 64, 128, 192, 256, 320, 384]
