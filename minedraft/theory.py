@@ -6,17 +6,13 @@ sequence in sd, one sub-batch in psd); and how often drafts are accepted. Output
 second of the decode phase, hence speedups and the best k.
 
 Acceptance is modelled per draft position: rate[j] is the chance that draft j + 1 is accepted
-given that the j before it were. The textbook model takes one rate alpha for every position; a
-weak drafter is much better at its first token than at later ones, which that model misses.
+given that the j before it were. The textbook model takes one rate alpha for every position
+(E[tokens] = (1 - alpha^(k+1)) / (1 - alpha)); a weak drafter is much better at its first token
+than at later ones, which that model misses.
 """
 
 import statistics
 from collections.abc import Iterable
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """Tokens per verification round with per-token acceptance rate alpha and k drafts."""
-    return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
 def count_by_position(rows: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:

@@ -1,13 +1,7 @@
 import pytest
 
-from minedraft.theory import (acceptance_by_position, expected_tokens, expected_tokens_by_position, mean_step_seconds,
-                              psd_speedup, psd_speedup_equal_concurrency, step_seconds)
-
-
-def test_expected_tokens():
-    assert expected_tokens(0.0, 4) == 1
-    assert expected_tokens(1.0, 4) == 5
-    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+from minedraft.theory import (acceptance_by_position, expected_tokens_by_position, mean_step_seconds, psd_speedup,
+                              psd_speedup_equal_concurrency, step_seconds)
 
 
 def test_psd_speedup_is_two_when_draft_and_verify_cost_the_same():
@@ -26,7 +20,8 @@ def test_acceptance_by_position_counts_each_draft_only_where_it_was_reached():
 
 
 def test_expected_tokens_by_position():
-    assert expected_tokens_by_position([0.5], 2) == pytest.approx(expected_tokens(0.5, 2))  # one rate: geometric
+    assert expected_tokens_by_position([0.5], 2) == pytest.approx((1 - 0.5**3) / (1 - 0.5))  # one rate: geometric
+    assert expected_tokens_by_position([1.0], 4) == 5 and expected_tokens_by_position([0.0], 4) == 1
     assert expected_tokens_by_position([0.5, 0.2], 3) == pytest.approx(1 + 0.5 + 0.1 + 0.02)  # last rate reused
     assert expected_tokens_by_position([], 4) == 1
     assert expected_tokens_by_position([0.9, 0.9], 0) == 1
