@@ -81,7 +81,6 @@ def closed_loop(llm: LLM, prompts: list[list[int]], concurrency: int, params: Sa
         "makespan_s": makespan,
         "outputs": {index[o.request_id]: o.outputs[0].token_ids for o in outs},
         "trace": list(trace),
-        "verified_rows": [row for e in trace if e["kind"] == "verify" for row in zip(e["drafted"], e["accepted"])],
     }
 
 
@@ -103,6 +102,11 @@ def paper_figures(outs: list[RequestOutput], makespan: float, prefill_s: float) 
 def spans(trace: list[dict], kind: str) -> list[float]:
     """Durations of the trace's events of one kind, in order."""
     return [e["end"] - e["start"] for e in trace if e["kind"] == kind]
+
+
+def verified_rows(trace: list[dict]) -> list[tuple[int, int]]:
+    """(drafted, accepted) of every row the trace's verifications checked."""
+    return [row for e in trace if e["kind"] == "verify" for row in zip(e["drafted"], e["accepted"])]
 
 
 def trace_figures(trace: list[dict], makespan: float) -> dict:
@@ -219,7 +223,7 @@ def summarize(results: dict[tuple, list[dict]], args: argparse.Namespace) -> dic
     for (mode, k, c), runs in results.items():
         row = {"mode": mode, "k": k, "concurrency": c, "repeats": len(runs)}
         for key in runs[0]:
-            if key not in ("outputs", "trace", "e2e_s", "verified_rows"):
+            if key not in ("outputs", "trace", "e2e_s"):
                 row[key] = median_of(runs, key)
         row["e2e_s"] = [x for r in runs for x in r["e2e_s"]]  # every request of every repeat
         rows.append(row)
@@ -258,13 +262,13 @@ def predict(results: dict[tuple, list[dict]], by: dict[tuple, dict]) -> list[flo
     every run without TETRIS (the drafter is the same in every mode), against ar's mean decode
     step and rows. Returns that pooled acceptance."""
     pooled = [row for (mode, k, _), runs in results.items() if k not in (None, "auto") and "tetris" not in mode
-              for r in runs for row in r.get("verified_rows", [])]
+              for r in runs for row in verified_rows(r.get("trace", []))]
     rates = acceptance_by_position(pooled)
     for (mode, k, c), runs in results.items():
         row, ar = by[(mode, k, c)], by.get(("ar", None, c))
         if ar is not None and mode != "ar" and row.get("generation_tokens_per_s"):
             row["generation_speedup_vs_ar"] = row["generation_tokens_per_s"] / ar["generation_tokens_per_s"]
-        verified = [r for run in runs for r in run.get("verified_rows", [])]
+        verified = [row for r in runs for row in verified_rows(r.get("trace", []))]
         if k in (None, "auto") or not verified or ar is None or not ar["decode_s_mean"]:
             continue
         row["tokens_per_row"] = statistics.mean(a + 1 for _, a in verified)

@@ -77,11 +77,12 @@ def test_paper_figures_count_the_decode_phase_only():
 def test_model_prediction_beside_measurement():
     from minedraft.bench.offline import predict
 
-    def trace(verify_s: float, draft_s: list[float]) -> list[dict]:
+    def trace(verify_s: float, draft_s: list[float], rows: list[tuple[int, int]]) -> list[dict]:
         events = []
         for t in draft_s:
             events.append({"kind": "draft", "start": 0.0, "end": t})
-            events.append({"kind": "verify", "start": 0.0, "end": verify_s})
+            events.append({"kind": "verify", "start": 0.0, "end": verify_s, "drafted": [], "accepted": []})
+        events[-1].update(drafted=[d for d, _ in rows], accepted=[a for _, a in rows])
         return events
 
     ar = {"generation_tokens_per_s": 80.0, "decode_s_mean": 0.1, "rows_per_step": 8}  # 80 tok/s
@@ -90,12 +91,11 @@ def test_model_prediction_beside_measurement():
     sd = {"generation_tokens_per_s": 70.0, "rows_per_step": 8}
     psd = {"generation_tokens_per_s": 56.0, "rows_per_step": 4}
     by = {("ar", None, 8): ar, ("sd", 2, 8): sd, ("psd", 2, 8): psd}
-    results = {("ar", None, 8): [{"verified_rows": [], "trace": []}],
-               ("sd", 2, 8): [{"verified_rows": rows, "trace": trace(0.15, [0.05] * 3), "overlapped_share": 0.0}],
+    results = {("ar", None, 8): [{"trace": []}],
+               ("sd", 2, 8): [{"trace": trace(0.15, [0.05] * 3, rows), "overlapped_share": 0.0}],
                # psd: the first drafting step (not overlapped) is not part of any step's max;
                # then 0.05 and 0.3 beside verifications of 0.15: steps of 0.15 and 0.3.
-               ("psd", 2, 8): [{"verified_rows": rows, "trace": trace(0.15, [0.5, 0.05, 0.3]),
-                                "overlapped_share": 1.0}]}
+               ("psd", 2, 8): [{"trace": trace(0.15, [0.5, 0.05, 0.3], rows), "overlapped_share": 1.0}]}
     assert predict(results, by) == pytest.approx([0.5, 1.0])
     assert sd["tokens_per_row"] == sd["predicted_tokens_per_row"] == pytest.approx(2.0)
     assert sd["predicted_speedup_vs_ar"] == pytest.approx(1.0)  # 8 rows x 2 tokens per 0.2 s
