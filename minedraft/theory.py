@@ -74,11 +74,12 @@ def psd_speedup(verify_s: float, draft_s: float) -> float:
     """PSD over sequential SD when costs are linear in batch size: (V + t) / max(V, t), V and t
     being one sub-batch's verify and draft times. At most 2, reached when V = t: the bound that
     the paper's analysis gives for overlapping the two stages."""
-    return (verify_s + draft_s) / max(verify_s, draft_s)
+    return step_seconds(verify_s, draft_s, parallel=False) / step_seconds(verify_s, draft_s, parallel=True)
 
 
 def psd_speedup_equal_concurrency(sd_verify_s: float, sd_draft_s: float, psd_verify_s: float,
                                   psd_draft_s: float) -> float:
     """PSD over SD with the same requests in flight: SD takes V(2b) + t(2b) per round for the whole
     batch, PSD max(V(b), t(b)) per sub-batch, two sub-batches per round."""
-    return (sd_verify_s + sd_draft_s) / (2 * max(psd_verify_s, psd_draft_s))
+    sd_round = step_seconds(sd_verify_s, sd_draft_s, parallel=False)
+    return sd_round / (2 * step_seconds(psd_verify_s, psd_draft_s, parallel=True))

@@ -251,16 +251,16 @@ def summarize(results: dict[tuple, list[dict]], args: argparse.Namespace) -> dic
     print_model_check(rows, rates)
     return {"command": {k: v for k, v in vars(args).items() if k != "func"}, "date": time.strftime("%Y-%m-%d %H:%M"),
             "acceptance_by_position": rates, "rows": rows,
-            "traces": {f"{mode} k={k} c={c}": [r.get("trace", []) for r in runs] for (mode, k, c), runs in results.items()}}
+            "traces": {f"{mode} k={k} c={c}": [r.get("trace", []) for r in runs]
+                       for (mode, k, c), runs in results.items()}}
 
 
 def predict(results: dict[tuple, list[dict]], by: dict[tuple, dict]) -> list[float]:
     """minedraft.theory beside the measurements: each speculative row with a fixed k gets the
     decode-phase speedup over ar that the model predicts from its own measured V and t (step by
     step, `mean_step_seconds`), share of overlapped steps, rows per step, and the acceptance by
-    draft position pooled over
-    every run without TETRIS (the drafter is the same in every mode), against ar's mean decode
-    step and rows. Returns that pooled acceptance."""
+    draft position pooled over every run without TETRIS (the drafter is the same in every mode),
+    against ar's mean decode step and rows. Returns that pooled acceptance."""
     pooled = [row for (mode, k, _), runs in results.items() if k not in (None, "auto") and "tetris" not in mode
               for r in runs for row in verified_rows(r.get("trace", []))]
     rates = acceptance_by_position(pooled)
