@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help='JSON every speculative mode shares, e.g. \'{"method": "ngram"}\' (placement and k come '
                           'from --modes and --num-speculative-tokens)')
     off.add_argument("--modes", default="ar,sd,sd-remote,psd,sd-2t",
-                     help="comma-separated: ar,sd,sd-remote,psd,sd-2t,hf (hf: transformers' assisted generation)")
+                     help="comma-separated: ar,sd,sd-remote,psd,sd-2t,sd-tetris,psd-tetris,hf (-tetris: with TETRIS "
+                          "selection; hf: transformers' assisted generation)")
     off.add_argument("--num-speculative-tokens", default="1,2,3,4,5", help="comma-separated k values")
     off.add_argument("--concurrency", default="8,16", help="comma-separated numbers of requests in flight")
     off.add_argument("--dataset", default=None, help="Spec-Bench / prompt jsonl, ShareGPT json or text; default: built-in")

@@ -28,22 +28,28 @@ def streaming_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> float
     return w.numel() * 4 / best
 
 
-def layout_check(model: torch.nn.Module, repeats: int = 5) -> tuple[float, float] | None:
-    """Best seconds to push one row through every linear weight of the model: in our [in, out]
-    layout (`x @ W`) and in F.linear's [out, in] layout. Why models/llama.py has its own Linear.
-    None for a model packed for oneDNN (bfloat16 on CPU), whose weights have neither layout."""
-    weights = [m.weight for m in model.modules() if isinstance(m, Linear)]
-    if any(w is None for w in weights):
-        return None
-    transposed = [w.t().contiguous() for w in weights]
-    rows = {n: torch.randn(1, n, dtype=weights[0].dtype) for n in {w.shape[0] for w in weights}}
+def layout_check(model: torch.nn.Module, repeats: int = 5) -> dict[str, float]:
+    """Best seconds to push rows through every linear weight of the model, per layout: one row in
+    our [in, out] layout (`x @ W`) and in F.linear's [out, in] one (why models/llama.py has its own
+    Linear), and eight rows in [in, out] and through oneDNN's packed weight (why float32 keeps
+    both). Only the layouts the loaded model has: a bfloat16 model packed on CPU has neither dense one."""
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    dense = [m.weight for m in linears if m.weight is not None]
+    packed = [m for m in linears if m.packed is not None]
 
-    def best(fn) -> float:
-        return min(timed(fn) for _ in range(repeats))
+    def best(rows: int, product) -> float:
+        xs = {m.in_features: torch.randn(rows, m.in_features, dtype=model.norm.weight.dtype) for m in linears}
+        return min(timed(lambda: product(xs)) for _ in range(repeats))
 
-    ours = best(lambda: [rows[w.shape[0]] @ w for w in weights])
-    linear = best(lambda: [F.linear(rows[w.shape[0]], t) for w, t in zip(weights, transposed)])
-    return ours, linear
+    out = {}
+    if dense:
+        transposed = [w.t().contiguous() for w in dense]
+        out["x @ W[in, out], 1 row"] = best(1, lambda xs: [xs[w.shape[0]] @ w for w in dense])
+        out["F.linear with W[out, in], 1 row"] = best(1, lambda xs: [F.linear(xs[w.shape[0]], t) for w, t in zip(dense, transposed)])
+        out["x @ W[in, out], 8 rows"] = best(8, lambda xs: [xs[w.shape[0]] @ w for w in dense])
+    if packed:
+        out["oneDNN packed, 8 rows"] = best(8, lambda xs: [m(xs[m.in_features]) for m in packed])
+    return out
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -123,6 +129,7 @@ def run(args: argparse.Namespace) -> dict:
     prompts = torch.randint(100, vocab, (max(batch_sizes), args.context), generator=gen).tolist()
     step: dict = {}
     tput: dict = {}
+    decode_tput: dict = {}
     for s in systems:  # warm-up
         s.step_times(prompts[:1], 2)
     with tqdm(total=args.repeats * len(batch_sizes) * len(systems), desc="bench decode") as bar:
@@ -132,6 +139,10 @@ def run(args: argparse.Namespace) -> dict:
                     step.setdefault((s.name, b), []).append(statistics.median(s.step_times(prompts[:b], args.steps)))
                     elapsed = s.generate_time(prompts[:b], args.output_len)
                     tput.setdefault((s.name, b), []).append(b * args.output_len / elapsed)
+                    # Generation throughput over the decode phase (the paper's figure): a one-token
+                    # run is the prefill and the first token; the rest of the N-token run is decoding.
+                    first = s.generate_time(prompts[:b], 1)
+                    decode_tput.setdefault((s.name, b), []).append(b * (args.output_len - 1) / (elapsed - first))
                     bar.update()
     bandwidth = streaming_bandwidth()
     model = llm.engine.runner.model
@@ -141,20 +152,22 @@ def run(args: argparse.Namespace) -> dict:
     threads = torch.get_num_threads()
     print(f"\nweights {wbytes / 1e6:.0f} MB; streaming bandwidth {bandwidth / 1e9:.1f} GB/s on {threads} thread(s); "
           f"batch-1 floor {floor * 1e3:.1f} ms")
-    if layouts is not None:
-        print(f"one row through every linear weight: x @ W[in, out] {layouts[0] * 1e3:.1f} ms, "
-              f"F.linear with W[out, in] {layouts[1] * 1e3:.1f} ms")
-    print("\n| batch | minedraft step ms | transformers step ms | minedraft tok/s | transformers tok/s | tok/s ratio |")
-    print("|---|---|---|---|---|---|")
+    if layouts:
+        print("through every linear weight: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in layouts.items()))
+    print("\n| batch | minedraft step ms | transformers step ms | minedraft tok/s | transformers tok/s | ratio "
+          "| minedraft decode tok/s | transformers decode tok/s | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
     result = {"threads": threads, "weight_bytes": wbytes, "bandwidth": bandwidth, "floor_s": floor,
-              "layout_ours_s": layouts and layouts[0], "layout_f_linear_s": layouts and layouts[1], "rows": []}
+              "layouts_s": layouts, "rows": []}
     for b in batch_sizes:
-        ours_step, hf_step = (statistics.median(step[(n, b)]) for n in ("minedraft", "transformers"))
-        ours_tput, hf_tput = (statistics.median(tput[(n, b)]) for n in ("minedraft", "transformers"))
-        print(f"| {b} | {ours_step * 1e3:.1f} | {hf_step * 1e3:.1f} | {ours_tput:.1f} | {hf_tput:.1f} | "
-              f"{ours_tput / hf_tput:.2f}x |")
-        result["rows"].append(dict(batch=b, ours_step_s=ours_step, hf_step_s=hf_step, ours_tok_s=ours_tput,
-                                   hf_tok_s=hf_tput))
+        row = {"batch": b}
+        for key, table in (("step_s", step), ("tok_s", tput), ("decode_tok_s", decode_tput)):
+            for who, name in (("ours", "minedraft"), ("hf", "transformers")):
+                row[f"{who}_{key}"] = statistics.median(table[(name, b)])
+        print(f"| {b} | {row['ours_step_s'] * 1e3:.1f} | {row['hf_step_s'] * 1e3:.1f} | {row['ours_tok_s']:.1f} | "
+              f"{row['hf_tok_s']:.1f} | {row['ours_tok_s'] / row['hf_tok_s']:.2f}x | {row['ours_decode_tok_s']:.1f} | "
+              f"{row['hf_decode_tok_s']:.1f} | {row['ours_decode_tok_s'] / row['hf_decode_tok_s']:.2f}x |")
+        result["rows"].append(row)
     b1 = [r for r in result["rows"] if r["batch"] == 1]
     if b1:
         print(f"\nbatch-1 step / floor: {b1[0]['ours_step_s'] / floor:.2f}x")

@@ -1,6 +1,7 @@
 """`minedraft bench draft`: how good a drafter is for its target — acceptance rate (vLLM's
-definition) per Spec-Bench task, greedy and sampled, and the cost ratio c = draft forward time /
-target forward time at several batch sizes, measured side by side on the same threads."""
+definition) per Spec-Bench task, greedy and sampled; whether its confidence predicts acceptance
+(what TETRIS ranks drafts by); and the cost ratio c = draft forward time / target forward time at
+several batch sizes, measured side by side on the same threads."""
 
 import argparse
 import json
@@ -12,6 +13,9 @@ from tqdm import tqdm
 from minedraft import LLM, SamplingParams
 from minedraft.bench.datasets import select, spec_bench_by_task
 from minedraft.bench.decode import decode_step_times
+from minedraft.engine.model_runner import Row
+
+CONFIDENCE_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
 
 def acceptance(llm: LLM, prompts: list[str], temperature: float, output_len: int, seed: int) -> dict:
@@ -29,6 +33,33 @@ def acceptance(llm: LLM, prompts: list[str], temperature: float, output_len: int
 
 def rate(counts: dict) -> float:
     return counts["accepted_tokens"] / counts["draft_tokens"] if counts["draft_tokens"] else 0.0
+
+
+def calibration(llm: LLM, prompts: list, output_len: int) -> list[dict]:
+    """First-draft acceptance by the drafter's confidence (the temperature-1 probability of its most
+    likely token, which TETRIS ranks prefixes by), greedy. The target answers each prompt; the
+    drafter then reads prompt and answer in one pass: at every answer position its most likely
+    token is the draft it would propose there, accepted when the answer continues with it.
+    `prompts` as `LLM.generate` takes them."""
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=output_len), use_tqdm=False)
+    runner = llm.engine.proposer.runner
+    tried = [0] * (len(CONFIDENCE_BINS) - 1)
+    taken = [0] * len(tried)
+    for out in outs:
+        answer = out.outputs[0].token_ids
+        tokens = out.prompt_token_ids + answer
+        slot = runner.cache.allocate()
+        try:
+            logits = runner.forward([Row(slot, tokens, num_logits=len(answer) + 1)])[:-1]
+        finally:
+            runner.cache.free(slot)
+        confidence, best = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+        bins = torch.bucketize(confidence, torch.tensor(CONFIDENCE_BINS[1:-1]), right=True)
+        for b, hit in zip(bins.tolist(), (best == torch.tensor(answer)).tolist()):
+            tried[b] += 1
+            taken[b] += hit
+    return [{"low": lo, "high": hi, "drafts": n, "accepted": a}
+            for lo, hi, n, a in zip(CONFIDENCE_BINS, CONFIDENCE_BINS[1:], tried, taken)]
 
 
 def cost_ratio(llm: LLM, batch_sizes: list[int], context: int, steps: int, repeats: int) -> list[dict]:
@@ -74,6 +105,9 @@ def run(args: argparse.Namespace) -> dict:
             keys = ("draft_tokens", "accepted_tokens", "drafts")
             total = {key: sum(c[key] for c in per_task.values()) for key in keys}
             result["acceptance"][str(temperature)] = {"tasks": per_task, "overall": total}
+    if has_model:
+        chats = [llm.engine.apply_chat_template([{"role": "user", "content": p}]) for ps in tasks.values() for p in ps]
+        result["calibration"] = calibration(llm, chats, args.output_len)
     llm.close()
 
     if result["cost"]:
@@ -90,6 +124,13 @@ def run(args: argparse.Namespace) -> dict:
             counts = block["overall"] if task == "overall" else block["tasks"][task]
             cells.append(f"{rate(counts):.3f}")
         print(f"| {task} | " + " | ".join(cells) + " |")
+    if has_model:
+        print("\nfirst-draft acceptance by the drafter's confidence (greedy; TETRIS keeps the most confident prefixes):")
+        print("| confidence | share of drafts | acceptance |\n|---|---|---|")
+        total = sum(b["drafts"] for b in result["calibration"]) or 1
+        for b in result["calibration"]:
+            accepted = f"{b['accepted'] / b['drafts']:.3f}" if b["drafts"] else "-"
+            print(f"| {b['low']:.1f}-{b['high']:.1f} | {b['drafts'] / total:.3f} | {accepted} |")
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(result, f, indent=2)

@@ -102,11 +102,11 @@ def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
 
 
 def rope_tables(args: ModelArgs, max_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin for every position, [max_len, head_dim]; float64 models get float64 tables."""
+    """cos and sign-folded sin for every position, [max_len, head_dim] (see `rotate`); float64
+    models get float64 tables."""
     compute = torch.float64 if dtype == torch.float64 else torch.float32
     freqs = torch.arange(max_len, dtype=compute)[:, None] * rope_inv_freq(args).to(compute)[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    return torch.cat((freqs, freqs), dim=-1).cos().to(dtype), torch.cat((-freqs.sin(), freqs.sin()), dim=-1).to(dtype)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -128,10 +128,10 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """RoPE, x * cos + (-x2, x1) * sin, computed as x * cos + (x2, x1) * (-sin, sin): the swap is
+    one roll, half the small ops, and the result is the same bits (a sign flip is exact)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 @dataclass
@@ -149,38 +149,45 @@ class BatchMeta:
     sin: torch.Tensor
 
 
-def cpu_bf16_packing_supported() -> bool:
-    """Whether oneDNN runs bfloat16 matrix products natively on this CPU (AVX512-BF16 or AMX)."""
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+def cpu_packing_supported(dtype: torch.dtype) -> bool:
+    """Whether oneDNN multiplies this dtype with pre-packed weights on this CPU (float32 anywhere it
+    is built in; bfloat16 only with AVX512-BF16 or AMX)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class Linear(nn.Module):
     """x @ weight + bias, with the weight stored [in, out]: on CPU one row streams this layout
     faster than F.linear's [out, in] (`minedraft bench decode` measures both; docs/BENCHMARKS.md).
-    `pack()` hands a bfloat16 weight to oneDNN in its blocked layout instead."""
+    `pack()` also hands the weight to oneDNN in its blocked layout, which multiplies a few rows
+    faster (float32) or is the only fast path at all (bfloat16, where the [in, out] copy is dropped)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
+        self.in_features = in_features
         self.weight = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
+        if self.packed is not None and (self.weight is None or x.numel() > x.shape[-1]):
             y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), self.packed, self.bias, "none", [], "")
             return y.view(*x.shape[:-1], y.shape[-1])
         y = x @ self.weight
         return y if self.bias is None else y + self.bias
 
-    def pack(self) -> None:
-        """Reorder the weight once into oneDNN's blocked layout. Unpacked, every bfloat16 product
-        re-blocks the weight, which made a few-row step cost as much as one with many rows."""
+    def pack(self, keep_dense: bool) -> None:
+        """Reorder the weight once into oneDNN's blocked layout (unpacked, every product re-blocks
+        it). Products of more than one row use it; `keep_dense` keeps the [in, out] copy for one row."""
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach().t().contiguous(), None)
-        self.weight = None
+        if not keep_dense:
+            self.weight = None
 
     @property
     def nbytes(self) -> int:
-        w = self.weight if self.packed is None else self.packed
+        """Bytes of the copy a one-row product reads."""
+        w = self.weight if self.weight is not None else self.packed
         return w.numel() * w.element_size() + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
 
 
@@ -259,13 +266,14 @@ class Decoder(nn.Module):
         self.draft_vocab = None if args.draft_vocab_size is None else nn.Buffer(
             torch.empty(args.draft_vocab_size, dtype=torch.long))
 
-    def pack(self) -> None:
-        """Pack every linear weight for oneDNN (bfloat16 on CPU); a tied embedding keeps a dense copy."""
-        if self.embed is None:
+    def pack(self, keep_dense: bool) -> None:
+        """Pack every linear weight for oneDNN (on CPU). Without the dense copies, a tied embedding
+        keeps its own."""
+        if self.embed is None and not keep_dense:
             self.embed = nn.Parameter(self.lm_head.weight.detach().t().contiguous(), requires_grad=False)
         for module in self.modules():
             if isinstance(module, Linear):
-                module.pack()
+                module.pack(keep_dense)
 
     @property
     def input_embedding(self) -> torch.Tensor:

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from minedraft.models.llama import Decoder, ModelArgs, cpu_bf16_packing_supported, fuse_hf_state_dict
+from minedraft.models.llama import Decoder, ModelArgs, cpu_packing_supported, fuse_hf_state_dict
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_DRAFT = Path(__file__).resolve().parent.parent / "draft_models" / "smollm2-135m-instruct"
@@ -136,8 +136,9 @@ def load_model(
         state["embed"] = embedding.to(device=device, dtype=dtype)
     model.load_state_dict(state, strict=True, assign=True)
     model.eval().requires_grad_(False)
-    if device.type == "cpu" and dtype == torch.bfloat16 and cpu_bf16_packing_supported():
-        model.pack()
+    if device.type == "cpu" and cpu_packing_supported(dtype):
+        # float32 keeps its [in, out] copy too: one row streams it faster than the packed one.
+        model.pack(keep_dense=dtype == torch.float32)
     return model
 
 

@@ -3,7 +3,7 @@ import torch
 
 from conftest import keep_float64, save_tiny_checkpoint
 from minedraft.engine.model_runner import ModelRunner, Row
-from minedraft.models.llama import Linear, ModelArgs, cpu_bf16_packing_supported, rope_inv_freq
+from minedraft.models.llama import Linear, ModelArgs, cpu_packing_supported, rope_inv_freq
 from minedraft.models.loader import load_model, read_config
 
 
@@ -69,19 +69,25 @@ def test_float32_logits_match_transformers_on_smollm2(smollm2_path):
         assert (r - g).abs().max() < 1e-4
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("extra", [{}, {"tie_word_embeddings": True, "attention_bias": True}])
-def test_bfloat16_logits_match_transformers(tmp_path, extra):
-    """On CPUs with native bfloat16 the loader packs every linear weight for oneDNN; the logits
-    must stay what transformers computes in bfloat16, up to bfloat16 rounding."""
+def test_packed_logits_match_transformers(tmp_path, dtype, extra):
+    """On CPU the loader packs every linear weight for oneDNN (bfloat16 only where the CPU has it);
+    float32 keeps the [in, out] copy for one-row products. Both paths, several rows and one row,
+    must compute what transformers computes, up to the dtype's rounding."""
     folder = save_tiny_checkpoint(tmp_path, "llama", **extra)
-    model = load_model(folder, torch.bfloat16, torch.device("cpu"))
-    packed = [m.packed is not None for m in model.modules() if isinstance(m, Linear)]
-    assert all(packed) if cpu_bf16_packing_supported() else not any(packed)
-    ref = hf_reference_logits(folder, torch.bfloat16, PROMPTS, steps=3)
-    got = our_logits(folder, torch.bfloat16, PROMPTS, steps=3)
-    for r, g in zip(ref, got):
-        scale = r.float().abs().max()
-        assert (r.float() - g.float()).abs().max() < 0.05 * scale
+    model = load_model(folder, dtype, torch.device("cpu"))
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    if cpu_packing_supported(dtype):
+        assert all(m.packed is not None and (m.weight is not None) == (dtype == torch.float32) for m in linears)
+    else:
+        assert not any(m.packed is not None for m in linears)
+    tolerance = 1e-5 if dtype == torch.float32 else 0.05
+    for prompts in (PROMPTS, PROMPTS[1:2]):
+        ref = hf_reference_logits(folder, dtype, prompts, steps=3)
+        got = our_logits(folder, dtype, prompts, steps=3)
+        for r, g in zip(ref, got):
+            assert (r.float() - g.float()).abs().max() < tolerance * r.float().abs().max()
 
 
 def test_llama3_rope_matches_transformers():

@@ -1,0 +1,24 @@
+import pytest
+import torch
+
+from minedraft.bench.decode import layout_check, weight_bytes
+from minedraft.models.llama import Linear, cpu_packing_supported
+from minedraft.models.loader import load_model
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_layout_check_times_the_layouts_the_model_holds(tiny_llama, dtype):
+    model = load_model(tiny_llama, dtype, torch.device("cpu"))
+    times = layout_check(model, repeats=1)
+    dense = ["x @ W[in, out], 1 row", "F.linear with W[out, in], 1 row", "x @ W[in, out], 8 rows"]
+    expected = {
+        torch.float64: dense,
+        torch.float32: dense + ["oneDNN packed, 8 rows"] * cpu_packing_supported(torch.float32),
+        torch.bfloat16: ["oneDNN packed, 8 rows"] if cpu_packing_supported(torch.bfloat16) else dense,
+    }[dtype]
+    assert list(times) == expected and all(t > 0 for t in times.values())
+    # A step reads each linear weight once: the dense copy where one is kept, never both copies.
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    one_copy = sum((m.weight if m.weight is not None else m.packed).numel() for m in linears)
+    biases_and_norms = sum(p.numel() for n, p in model.named_parameters() if n.endswith(("bias", "norm.weight")))
+    assert weight_bytes(model) == (one_copy + biases_and_norms) * torch.finfo(dtype).bits // 8
