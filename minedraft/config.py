@@ -173,7 +173,7 @@ class EngineConfig:
     device: str = "cpu"
     max_num_seqs: int = 16  # requests in flight
     max_model_len: int | None = None  # prompt + output tokens per request; None: min(2048, the model's)
-    max_num_batched_tokens: int = 4096  # padded prefill tokens per step
+    max_num_batched_tokens: int = 4096  # prompt tokens per prefill step (a longer prompt goes alone)
     kv_cache_memory_gb: float | None = None  # cap on KV-cache memory; None: max_num_seqs full slots
     num_threads: int | None = None  # torch threads on CPU; None: leave torch's default
     seed: int = 0  # for requests without their own seed

@@ -45,7 +45,8 @@ def layout_check(model: torch.nn.Module, repeats: int = 5) -> dict[str, float]:
     if dense:
         transposed = [w.t().contiguous() for w in dense]
         out["x @ W[in, out], 1 row"] = best(1, lambda xs: [xs[w.shape[0]] @ w for w in dense])
-        out["F.linear with W[out, in], 1 row"] = best(1, lambda xs: [F.linear(xs[w.shape[0]], t) for w, t in zip(dense, transposed)])
+        out["F.linear with W[out, in], 1 row"] = best(
+            1, lambda xs: [F.linear(xs[w.shape[0]], t) for w, t in zip(dense, transposed)])
         out["x @ W[in, out], 8 rows"] = best(8, lambda xs: [xs[w.shape[0]] @ w for w in dense])
     if packed:
         out["oneDNN packed, 8 rows"] = best(8, lambda xs: [m(xs[m.in_features]) for m in packed])

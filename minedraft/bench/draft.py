@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> dict:
             cells.append(f"{rate(counts):.3f}")
         print(f"| {task} | " + " | ".join(cells) + " |")
     if has_model:
-        print("\nfirst-draft acceptance by the drafter's confidence (greedy; TETRIS keeps the most confident prefixes):")
+        print("\nfirst-draft acceptance by the drafter's confidence (greedy; what TETRIS ranks drafts by):")
         print("| confidence | share of drafts | acceptance |\n|---|---|---|")
         total = sum(b["drafts"] for b in result["calibration"]) or 1
         for b in result["calibration"]:

@@ -1,5 +1,6 @@
 """Runs a model over rows of new tokens, each row appending to its own KV-cache slot."""
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +31,7 @@ class ModelRunner:
         hidden = self.model(input_ids, meta, self.cache.k, self.cache.v)
         for row in rows:
             self.cache.lengths[row.slot] += len(row.tokens)
-        return self.model.compute_logits(hidden.flatten(0, 1)[logit_index])
+        return self.model.compute_logits(hidden[logit_index])
 
     def _prepare(self, rows: list[Row]) -> tuple[BatchMeta, torch.Tensor, torch.Tensor]:
         lengths = self.cache.lengths
@@ -43,18 +44,14 @@ class ModelRunner:
             if start + n > self.cache.max_len:
                 raise ValueError(f"slot {row.slot} would hold {start + n} tokens, over {self.cache.max_len}")
         dev = self.device
-        input_ids = torch.tensor([r.tokens + [0] * (T - len(r.tokens)) for r in rows], device=dev)
+        input_ids = torch.tensor([t for r in rows for t in r.tokens], device=dev)
         start_t = torch.tensor(starts, device=dev)
         count_t = torch.tensor(counts, device=dev)
         offsets = torch.arange(T, device=dev)
-        positions = start_t[:, None] + offsets[None, :]
+        positions = start_t[:, None] + offsets[None, :]  # [B, T], padding included
         real = offsets[None, :] < count_t[:, None]
         kv_lens = [start + n for start, n in zip(starts, counts)]
         kv_len = max(kv_lens)
-        # Padding tokens read a clamped rope position; their outputs and keys are never used.
-        pos_clamped = positions.clamp(max=self.cache.max_len - 1)
-        cos = self.cos[pos_clamped][:, :, None, :]
-        sin = self.sin[pos_clamped][:, :, None, :]
         slots = [r.slot for r in rows]
         slot_t = torch.tensor(slots, device=dev)
         keys = torch.arange(kv_len, device=dev)
@@ -67,19 +64,20 @@ class ModelRunner:
         if not batched:
             per_row = [(slot, n, None if T == 1 else (keys[None, :n] <= positions[b, :, None])[None, None])
                        for b, (slot, n) in enumerate(zip(slots, kv_lens))]
-        all_real = all(n == T for n in counts)
+        token_pos = positions[real]
         meta = BatchMeta(
             rows=slice(slots[0], slots[0] + B) if batched else None,
             per_row=per_row,
             write_slots=slot_t[:, None].expand(B, T)[real],
-            write_pos=positions[real],
-            valid=None if all_real else real.flatten().nonzero().squeeze(1),
+            write_pos=token_pos,
+            padded_shape=(B, T),
+            valid=None if all(n == T for n in counts) else real.flatten().nonzero().squeeze(1),
             kv_len=kv_len,
             mask=mask,
-            cos=cos,
-            sin=sin,
+            cos=self.cos[token_pos][:, None, :],
+            sin=self.sin[token_pos][:, None, :],
         )
-        ends = [b * T + n for b, n in enumerate(counts)]
+        ends = itertools.accumulate(counts)
         logit_index = torch.tensor(
             [i for end, row in zip(ends, rows) for i in range(end - row.num_logits, end)], device=dev
         )

@@ -23,23 +23,22 @@ class Scheduler:
     def schedule(self) -> tuple[list[Sequence], bool]:
         """The sequences for the next step and whether it is a prefill step.
 
-        Waiting requests are admitted (prefill), as many as free slots and the padded token budget
-        allow; otherwise every running sequence decodes. A prefill step is never followed by
+        Waiting requests are admitted (prefill), as many as free slots and the prompt-token budget
+        allow (the first always fits); otherwise every running sequence decodes. A prefill step is never followed by
         another while sequences are running: a queue of long prompts would otherwise stall every
         stream in flight for as long as their prefills take.
         """
         admitted: list[Sequence] = []
-        longest = 0
+        tokens = 0
         while self.waiting and self.cache.num_free > 0 and not (self.prefilled_last and self.running):
             seq = self.waiting[0]
-            longest_if = max(longest, len(seq))
-            if admitted and longest_if * (len(admitted) + 1) > self.max_num_batched_tokens:
+            if admitted and tokens + len(seq) > self.max_num_batched_tokens:
                 break
             self.waiting.popleft()
             seq.slot = self.cache.allocate()
             seq.status = Status.RUNNING
             admitted.append(seq)
-            longest = longest_if
+            tokens += len(seq)
         self.prefilled_last = bool(admitted)
         if admitted:
             self.running.extend(admitted)

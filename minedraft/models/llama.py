@@ -1,7 +1,8 @@
 """The Llama-family decoder: Llama / SmolLM2, Qwen2 (qkv bias) and Qwen3 (q/k RMSNorm).
 
-One forward pass takes a padded batch of rows; each row appends its new tokens to its own KV-cache
-slot, so prefill, single-token decode and multi-token verification share this code.
+One forward pass takes a batch of rows; each row appends its new tokens to its own KV-cache slot,
+so prefill, single-token decode and multi-token verification share this code. Tokens travel packed,
+row after row with no padding, through everything but attention, which sees rows padded to [B, T].
 """
 
 import math
@@ -136,16 +137,18 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torc
 
 @dataclass
 class BatchMeta:
-    """Where a padded [B, T] batch sits in the KV cache; built once per step by the runner."""
+    """Where a batch of B rows of up to T new tokens (N in all) sits in the KV cache; built once per
+    step by the runner."""
 
     rows: slice | None  # consecutive cache slots attended in one call (a view: no copy) ...
     per_row: list[tuple[int, int, torch.Tensor | None]] | None  # ... or (slot, kv length, mask) per row
-    write_slots: torch.Tensor  # [N] slot of each real (non-padding) token
-    write_pos: torch.Tensor  # [N] cache position of each real token
-    valid: torch.Tensor | None  # [B*T] flat indices of real tokens; None when nothing is padded
+    write_slots: torch.Tensor  # [N] slot of each token
+    write_pos: torch.Tensor  # [N] cache position of each token
+    padded_shape: tuple[int, int]  # (B, T) for attention
+    valid: torch.Tensor | None  # [N] each token's index in the padded B * T layout; None: no padding
     kv_len: int  # keys to attend over: max over rows of cached + new tokens
     mask: torch.Tensor | None  # [B, 1, T, kv_len] True where a query may attend; None: attend all (batched)
-    cos: torch.Tensor  # [B, T, 1, head_dim]
+    cos: torch.Tensor  # [N, 1, head_dim]
     sin: torch.Tensor
 
 
@@ -202,21 +205,21 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
 
     def forward(self, x: torch.Tensor, meta: BatchMeta, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        B, T, _ = x.shape
+        N, (B, T) = x.shape[0], meta.padded_shape
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv(x)
-        v = qkv[..., (H + Hkv) * D :].reshape(B * T, Hkv, D)
-        qk = qkv[..., : (H + Hkv) * D].view(B, T, H + Hkv, D)
+        v = qkv[:, (H + Hkv) * D :].view(N, Hkv, D)
+        qk = qkv[:, : (H + Hkv) * D].view(N, H + Hkv, D)
         if self.q_norm is not None:
-            qk = torch.cat((self.q_norm(qk[:, :, :H]), self.k_norm(qk[:, :, H:])), dim=2)
+            qk = torch.cat((self.q_norm(qk[:, :H]), self.k_norm(qk[:, H:])), dim=1)
         qk = rotate(qk, meta.cos, meta.sin)  # queries and keys together: half the small ops
-        q, k = qk[:, :, :H], qk[:, :, H:].reshape(B * T, Hkv, D)
-        if meta.valid is not None:
-            k, v = k[meta.valid], v[meta.valid]
+        q, k = qk[:, :H], qk[:, H:]
         # Cache layout [slot, kv_head, position, head_dim]: write the new keys, read each row's prefix.
         k_cache[meta.write_slots, :, meta.write_pos] = k
         v_cache[meta.write_slots, :, meta.write_pos] = v
-        q = q.transpose(1, 2)
+        if meta.valid is not None:  # queries into the padded layout (padding queries are zeros, unused)
+            q = q.new_zeros(B * T, H, D).index_copy_(0, meta.valid, q)
+        q = q.view(B, T, H, D).transpose(1, 2)
         if meta.rows is not None:
             keys, values = k_cache[meta.rows, :, : meta.kv_len], v_cache[meta.rows, :, : meta.kv_len]
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=meta.mask, enable_gqa=True)
@@ -226,7 +229,8 @@ class Attention(nn.Module):
                                                v_cache[slot : slot + 1, :, :n], attn_mask=mask, enable_gqa=True)
                 for b, (slot, n, mask) in enumerate(meta.per_row)
             ])
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+        out = out.transpose(1, 2).reshape(B * T, H * D)
+        return self.o_proj(out if meta.valid is None else out[meta.valid])
 
 
 class MLP(nn.Module):
@@ -281,7 +285,8 @@ class Decoder(nn.Module):
         return self.lm_head.weight.T if self.embed is None else self.embed
 
     def forward(self, input_ids: torch.Tensor, meta: BatchMeta, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        """Hidden states [B, T, hidden] after the final norm; k_cache/v_cache are [layers, slots, ...]."""
+        """Hidden states [N, hidden] after the final norm for the N new tokens (`input_ids`, row after
+        row); k_cache/v_cache are [layers, slots, ...]."""
         x = self.input_embedding[input_ids]
         for i, layer in enumerate(self.layers):
             x = layer(x, meta, k_cache[i], v_cache[i])

@@ -26,6 +26,15 @@ def test_prefills_fill_the_budget_and_alternate_with_decode_steps():
     assert seqs[0].status == Status.FINISHED and scheduler.schedule() == (seqs[1:], False)
 
 
+def test_the_budget_counts_prompt_tokens_not_padding():
+    cache = KVCache(1, 4, 64, 1, 2, torch.float32, torch.device("cpu"))
+    scheduler = Scheduler(cache, max_num_batched_tokens=12)
+    short, long, other = sequence(0, 2), sequence(1, 10), sequence(2, 1)
+    for seq in (short, long, other):
+        scheduler.add(seq)
+    assert scheduler.schedule() == ([short, long], True)  # 12 tokens (padded to 10 each they were 20)
+
+
 def test_with_nothing_running_prefills_follow_each_other():
     cache = KVCache(1, 2, 64, 1, 2, torch.float32, torch.device("cpu"))
     scheduler = Scheduler(cache, max_num_batched_tokens=10)
