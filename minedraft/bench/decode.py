@@ -122,6 +122,9 @@ def run(args: argparse.Namespace) -> dict:
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    if args.output_len < 2:
+        raise ValueError(f"--output-len must be >= 2 (decode-phase throughput subtracts a one-token run), "
+                         f"got {args.output_len}")
     max_len = args.context + max(args.output_len, args.steps) + 8
     llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=max(batch_sizes), max_model_len=max_len)
     systems = [Ours(llm), Transformers(llm.engine.config.model_path, llm.engine.config.torch_dtype)]

@@ -1,7 +1,9 @@
+import argparse
+
 import pytest
 import torch
 
-from minedraft.bench.decode import layout_check, weight_bytes
+from minedraft.bench.decode import layout_check, run, weight_bytes
 from minedraft.models.llama import Linear, cpu_packing_supported
 from minedraft.models.loader import load_model
 
@@ -22,3 +24,9 @@ def test_layout_check_times_the_layouts_the_model_holds(tiny_llama, dtype):
     one_copy = sum((m.weight if m.weight is not None else m.packed).numel() for m in linears)
     biases_and_norms = sum(p.numel() for n, p in model.named_parameters() if n.endswith(("bias", "norm.weight")))
     assert weight_bytes(model) == (one_copy + biases_and_norms) * torch.finfo(dtype).bits // 8
+
+
+def test_a_one_token_run_is_refused_before_anything_loads():
+    args = argparse.Namespace(num_threads=None, batch_sizes="1", output_len=1, model="/nonexistent")
+    with pytest.raises(ValueError, match="--output-len must be >= 2"):
+        run(args)
