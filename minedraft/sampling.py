@@ -68,11 +68,13 @@ def probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     top_p = [p.top_p for p in params]
     if any(k != -1 for k in top_k) or any(p < 1 for p in top_p):
         logits = _truncate(logits, top_k, top_p)
-    probs = torch.softmax(logits, dim=-1)
-    for i, p in enumerate(params):
-        if p.greedy:
-            probs[i] = 0
-            probs[i, logits[i].argmax()] = 1
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    # Greedy rows are one-hot at the argmax, found by one batched argmax (this runs every step); a
+    # batch of greedy rows only needs no softmax at all.
+    probs = torch.zeros_like(logits) if len(greedy) == len(params) else torch.softmax(logits, dim=-1)
+    if greedy:
+        probs[greedy] = 0
+        probs[greedy, logits[greedy].argmax(dim=-1)] = 1
     return probs
 
 
@@ -105,8 +107,9 @@ def top_logprobs(logits: torch.Tensor, tokens: list[int], n: int) -> list[dict[i
 def sample(probs: torch.Tensor, generators: list[torch.Generator | None]) -> list[int]:
     """One token per row, each row drawing from its own generator; a None generator marks a greedy
     row (its distribution is one-hot: take the argmax without drawing)."""
-    return [int(row.argmax() if g is None else torch.multinomial(row, 1, generator=g))
-            for row, g in zip(probs, generators)]
+    best = probs.argmax(dim=-1).tolist()
+    return [best[i] if g is None else int(torch.multinomial(row, 1, generator=g))
+            for i, (row, g) in enumerate(zip(probs, generators))]
 
 
 def rejection_sample(
