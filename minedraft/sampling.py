@@ -68,13 +68,15 @@ def probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     top_p = [p.top_p for p in params]
     if any(k != -1 for k in top_k) or any(p < 1 for p in top_p):
         logits = _truncate(logits, top_k, top_p)
+    # Greedy rows are one-hot at the argmax: one batched argmax for all of them (this runs every
+    # step), and no softmax at all when every row is greedy.
     greedy = [i for i, p in enumerate(params) if p.greedy]
-    # Greedy rows are one-hot at the argmax, found by one batched argmax (this runs every step); a
-    # batch of greedy rows only needs no softmax at all.
-    probs = torch.zeros_like(logits) if len(greedy) == len(params) else torch.softmax(logits, dim=-1)
-    if greedy:
+    if len(greedy) == len(params):
+        probs = torch.zeros_like(logits)
+    else:
+        probs = torch.softmax(logits, dim=-1)
         probs[greedy] = 0
-        probs[greedy, logits[greedy].argmax(dim=-1)] = 1
+    probs[greedy, logits[greedy].argmax(dim=-1)] = 1
     return probs
 
 
@@ -107,7 +109,7 @@ def top_logprobs(logits: torch.Tensor, tokens: list[int], n: int) -> list[dict[i
 def sample(probs: torch.Tensor, generators: list[torch.Generator | None]) -> list[int]:
     """One token per row, each row drawing from its own generator; a None generator marks a greedy
     row (its distribution is one-hot: take the argmax without drawing)."""
-    best = probs.argmax(dim=-1).tolist()
+    best = probs.argmax(dim=-1).tolist() if None in generators else None  # one pass for every greedy row
     return [best[i] if g is None else int(torch.multinomial(row, 1, generator=g))
             for i, (row, g) in enumerate(zip(probs, generators))]
 

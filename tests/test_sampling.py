@@ -1,12 +1,21 @@
 import pytest
 import torch
 
-from minedraft.sampling import SamplingParams, probabilities, rejection_sample, top_logprobs
+from minedraft.sampling import SamplingParams, probabilities, rejection_sample, sample, top_logprobs
 
 
 def test_greedy_is_one_hot_at_argmax():
     logits = torch.tensor([[0.1, 2.0, -1.0, 1.9]])
     assert probabilities(logits, [SamplingParams(temperature=0)]).tolist() == [[0, 1, 0, 0]]
+
+
+def test_greedy_and_sampled_rows_in_one_batch():
+    logits = torch.log(torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3], [0.2, 0.3, 0.5]], dtype=torch.float64))
+    probs = probabilities(logits, [SamplingParams(temperature=0), SamplingParams(), SamplingParams(temperature=0)])
+    assert probs[0].tolist() == [0, 1, 0] and probs[2].tolist() == [0, 0, 1]
+    torch.testing.assert_close(probs[1], torch.tensor([0.5, 0.2, 0.3], dtype=torch.float64))
+    tokens = sample(probs, [None, torch.Generator().manual_seed(0), None])
+    assert tokens[0] == 1 and tokens[2] == 2 and tokens[1] in (0, 1, 2)
 
 
 def test_temperature_top_k_and_top_p_per_row():

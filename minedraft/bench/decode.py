@@ -60,6 +60,14 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return linears + norms
 
 
+def held_bytes(model: torch.nn.Module) -> int:
+    """Bytes of weights the model keeps in memory: every parameter, plus the packed copy of each
+    linear weight that has one (float32 on CPU keeps both copies)."""
+    packed = sum(m.packed.numel() * m.packed.element_size()
+                 for m in model.modules() if isinstance(m, Linear) and m.packed is not None)
+    return packed + sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 def timed(fn) -> float:
     t = time.perf_counter()
     fn()
@@ -151,17 +159,18 @@ def run(args: argparse.Namespace) -> dict:
     bandwidth = streaming_bandwidth()
     model = llm.engine.runner.model
     wbytes = weight_bytes(model)
+    held = held_bytes(model)
     floor = wbytes / bandwidth
     layouts = layout_check(model)
     threads = torch.get_num_threads()
-    print(f"\nweights {wbytes / 1e6:.0f} MB; streaming bandwidth {bandwidth / 1e9:.1f} GB/s on {threads} thread(s); "
+    print(f"\nweights read per step {wbytes / 1e6:.0f} MB, held {held / 1e6:.0f} MB; streaming bandwidth {bandwidth / 1e9:.1f} GB/s on {threads} thread(s); "
           f"batch-1 floor {floor * 1e3:.1f} ms")
     if layouts:
         print("through every linear weight: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in layouts.items()))
     print("\n| batch | minedraft step ms | transformers step ms | minedraft tok/s | transformers tok/s | ratio "
           "| minedraft decode tok/s | transformers decode tok/s | ratio |")
     print("|---|---|---|---|---|---|---|---|---|")
-    result = {"threads": threads, "weight_bytes": wbytes, "bandwidth": bandwidth, "floor_s": floor,
+    result = {"threads": threads, "weight_bytes": wbytes, "held_bytes": held, "bandwidth": bandwidth, "floor_s": floor,
               "layouts_s": layouts, "rows": []}
     for b in batch_sizes:
         row = {"batch": b}

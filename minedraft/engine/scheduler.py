@@ -24,9 +24,9 @@ class Scheduler:
         """The sequences for the next step and whether it is a prefill step.
 
         Waiting requests are admitted (prefill), as many as free slots and the prompt-token budget
-        allow (the first always fits); otherwise every running sequence decodes. A prefill step is never followed by
-        another while sequences are running: a queue of long prompts would otherwise stall every
-        stream in flight for as long as their prefills take.
+        allow (the first always fits); otherwise every running sequence decodes. A prefill step is
+        never followed by another while sequences are running: a queue of long prompts would
+        otherwise stall every stream in flight for as long as their prefills take.
         """
         admitted: list[Sequence] = []
         tokens = 0

@@ -107,7 +107,9 @@ def rope_tables(args: ModelArgs, max_len: int, dtype: torch.dtype) -> tuple[torc
     models get float64 tables."""
     compute = torch.float64 if dtype == torch.float64 else torch.float32
     freqs = torch.arange(max_len, dtype=compute)[:, None] * rope_inv_freq(args).to(compute)[None, :]
-    return torch.cat((freqs, freqs), dim=-1).cos().to(dtype), torch.cat((-freqs.sin(), freqs.sin()), dim=-1).to(dtype)
+    cos = torch.cat((freqs, freqs), dim=-1).cos()
+    signed_sin = torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
+    return cos.to(dtype), signed_sin.to(dtype)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -3,7 +3,7 @@ import argparse
 import pytest
 import torch
 
-from minedraft.bench.decode import layout_check, run, weight_bytes
+from minedraft.bench.decode import held_bytes, layout_check, run, weight_bytes
 from minedraft.models.llama import Linear, cpu_packing_supported
 from minedraft.models.loader import load_model
 
@@ -24,6 +24,11 @@ def test_layout_check_times_the_layouts_the_model_holds(tiny_llama, dtype):
     one_copy = sum((m.weight if m.weight is not None else m.packed).numel() for m in linears)
     biases_and_norms = sum(p.numel() for n, p in model.named_parameters() if n.endswith(("bias", "norm.weight")))
     assert weight_bytes(model) == (one_copy + biases_and_norms) * torch.finfo(dtype).bits // 8
+    # It holds both copies where it keeps the dense one beside the packed one (float32 on CPU).
+    both = sum(m.weight.numel() for m in linears if m.weight is not None and m.packed is not None)
+    embedding = model.embed.numel() if model.embed is not None else 0
+    expected = (one_copy + both + biases_and_norms + embedding) * torch.finfo(dtype).bits // 8
+    assert held_bytes(model) == expected
 
 
 def test_a_one_token_run_is_refused_before_anything_loads():
