@@ -172,8 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     drf = bench.add_parser("draft", help="a drafter's acceptance per Spec-Bench task and its cost ratio c")
     drf.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M-Instruct)")
-    drf.add_argument("--method", default="draft_model", choices=["draft_model", "ngram"])
-    drf.add_argument("--draft-model", default=None, help="draft checkpoint folder or 'self' (default: the bundled drafter)")
+    drf.add_argument("--method", default=None, choices=["draft_model", "eagle3", "ngram"],
+                     help="default: inferred from the draft checkpoint")
+    drf.add_argument("--draft-model", default=None,
+                     help="draft checkpoint folder (a draft model or an EAGLE-3 head) or 'self' (default: the bundled drafter)")
     drf.add_argument("--dataset", default="../shared/data/spec_bench_questions.jsonl", help="Spec-Bench questions jsonl")
     drf.add_argument("--per-task", type=int, default=20, help="prompts per Spec-Bench task")
     drf.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
@@ -220,6 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--method", default="draft_model", choices=["draft_model", "eagle3"],
+                   help="a small draft model, or an EAGLE-3 head over the target's hidden states")
+    p.add_argument("--ttt-steps", type=int, default=4, help="eagle3: draft steps unrolled in training")
+    p.add_argument("--max-minutes", type=float, default=None, help="eagle3: stop (checkpointed) after this long")
     p.set_defaults(func=cmd_train_draft)
     return parser
 

@@ -28,11 +28,23 @@ def acceptance(llm: LLM, prompts: list[str], temperature: float, output_len: int
     drafted = after["num_draft_tokens"] - before["num_draft_tokens"]
     accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
     rounds = after["num_drafts"] - before["num_drafts"]
-    return {"draft_tokens": drafted, "accepted_tokens": accepted, "drafts": rounds}
+    first = after["accepted_per_position"][0] - (before["accepted_per_position"] or [0])[0] \
+        if after["accepted_per_position"] else 0
+    return {"draft_tokens": drafted, "accepted_tokens": accepted, "drafts": rounds, "first_accepted": first}
 
 
 def rate(counts: dict) -> float:
     return counts["accepted_tokens"] / counts["draft_tokens"] if counts["draft_tokens"] else 0.0
+
+
+def first_rate(counts: dict) -> float:
+    """Acceptance of the first draft position: the share of rounds that kept their first draft."""
+    return counts["first_accepted"] / counts["drafts"] if counts["drafts"] else 0.0
+
+
+def acceptance_length(counts: dict) -> float:
+    """Mean tokens per verification, the bonus or recovered token included."""
+    return 1 + counts["accepted_tokens"] / counts["drafts"] if counts["drafts"] else 1.0
 
 
 def calibration(llm: LLM, prompts: list, output_len: int) -> list[dict]:
@@ -85,13 +97,15 @@ def run(args: argparse.Namespace) -> dict:
         torch.set_num_threads(args.num_threads)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     temperatures = [float(t) for t in args.temperatures.split(",")]
-    spec = {"num_speculative_tokens": args.k, "method": args.method,
+    spec = {"num_speculative_tokens": args.k, **({} if args.method is None else {"method": args.method}),
             **({} if args.draft_model is None else {"model": args.draft_model})}
     llm = LLM(args.model, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, speculative_config=spec)
-    result: dict = {"method": args.method, "k": args.k, "output_len": args.output_len,
+    method = llm.engine.config.speculative.method
+    result: dict = {"method": method, "k": args.k, "output_len": args.output_len,
                     "threads": torch.get_num_threads()}
-    # Prompt lookup has no model to time.
-    has_model = args.method == "draft_model"
+    # Only a draft model runs on its own tokens alone (prompt lookup has no model; an EAGLE-3
+    # head needs the target's states): the cost and calibration passes are for it.
+    has_model = method == "draft_model"
     result["cost"] = cost_ratio(llm, batch_sizes, args.context, args.steps, args.repeats) if has_model else []
     by_task = spec_bench_by_task(args.dataset)
     tasks = {task: select(prompts, args.per_task, args.seed) for task, prompts in by_task.items()}
@@ -102,7 +116,7 @@ def run(args: argparse.Namespace) -> dict:
             for task, prompts in tasks.items():
                 per_task[task] = acceptance(llm, prompts, temperature, args.output_len, args.seed)
                 bar.update()
-            keys = ("draft_tokens", "accepted_tokens", "drafts")
+            keys = ("draft_tokens", "accepted_tokens", "drafts", "first_accepted")
             total = {key: sum(c[key] for c in per_task.values()) for key in keys}
             result["acceptance"][str(temperature)] = {"tasks": per_task, "overall": total}
     if has_model:
@@ -115,14 +129,15 @@ def run(args: argparse.Namespace) -> dict:
         print("| batch | target step ms | draft step ms | c |\n|---|---|---|---|")
     for r in result["cost"]:
         print(f"| {r['batch']} | {r['target_step_s'] * 1e3:.1f} | {r['draft_step_s'] * 1e3:.1f} | {r['c']:.3f} |")
-    print(f"\nacceptance rate at k = {args.k} ({args.per_task} prompts per task, {args.output_len} output tokens):")
+    print(f"\nacceptance at k = {args.k} ({args.per_task} prompts per task, {args.output_len} output tokens): "
+          "rate (vLLM's) / first draft position / mean acceptance length")
     print("| task | " + " | ".join(f"T={t}" for t in temperatures) + " |\n|---|" + "---|" * len(temperatures))
     for task in [*tasks, "overall"]:
         cells = []
         for t in temperatures:
             block = result["acceptance"][str(t)]
             counts = block["overall"] if task == "overall" else block["tasks"][task]
-            cells.append(f"{rate(counts):.3f}")
+            cells.append(f"{rate(counts):.3f} / {first_rate(counts):.3f} / {acceptance_length(counts):.2f}")
         print(f"| {task} | " + " | ".join(cells) + " |")
     if has_model:
         print("\nfirst-draft acceptance by the drafter's confidence (greedy; what TETRIS ranks drafts by):")

@@ -2,11 +2,11 @@
 
 import torch
 
-from minedraft.drafters.tetris import select_lengths
+from minedraft.drafters.base import Proposer
+from minedraft.drafters.chain import draft_chain
 from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.engine.sequence import Sequence
 from minedraft.models.llama import Decoder
-from minedraft.sampling import probabilities, sample
 
 
 def _kept_tokens(seq: Sequence, view: tuple[int, list[int]] | None) -> int:
@@ -22,7 +22,7 @@ def _kept_tokens(seq: Sequence, view: tuple[int, list[int]] | None) -> int:
     return base + kept
 
 
-class DraftModelProposer:
+class DraftModelProposer(Proposer):
     """Proposes tokens by sampling a draft model autoregressively.
 
     Each sequence gets a drafter KV slot on first use (keyed by its seq_id). Each round the drafter
@@ -39,15 +39,9 @@ class DraftModelProposer:
     def propose(
         self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None],
         capacity: int | None = None,
-    ) -> tuple[list[list[int]], list[torch.Tensor]]:
-        """Drafts per sequence (num_tokens[i] of them) and the distributions they were drawn from.
-        With a `capacity` (TETRIS), only that many drafts in all are kept, the most promising
-        prefixes by the drafter's own confidence (drafters.tetris)."""
-        drafts: list[list[int]] = [[] for _ in seqs]
-        dists: list[list[torch.Tensor]] = [[] for _ in seqs]
-        confidences: list[list[float]] = [[] for _ in seqs]
-        active = [i for i, n in enumerate(num_tokens) if n > 0]
+    ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
         cache = self.runner.cache
+        active = [i for i, n in enumerate(num_tokens) if n > 0]
         for i in active:
             seq = seqs[i]
             if seq.seq_id not in self.slots:
@@ -65,30 +59,21 @@ class DraftModelProposer:
             self.runner.forward([Row(self.slots[seqs[i].seq_id], pending[i][:-1]) for i in long])
             for i in long:
                 pending[i] = pending[i][-1:]
-        while active:
-            logits = self.runner.forward([Row(self.slots[seqs[i].seq_id], pending[i]) for i in active])
-            probs = probabilities(logits, [seqs[i].params for i in active])
-            tokens = sample(probs, [generators[i] for i in active])
-            if capacity is not None:  # a position's mode probability; greedy rows: the temperature-1 softmax
-                greedy = torch.tensor([generators[i] is None for i in active])
-                mode = torch.where(greedy, torch.softmax(logits.float(), dim=-1).amax(dim=-1), probs.amax(dim=-1))
-                for j, i in enumerate(active):
-                    confidences[i].append(float(mode[j]))
-            for j, i in enumerate(active):
-                drafts[i].append(tokens[j])
-                dists[i].append(probs[j])
-                pending[i] = [tokens[j]]
-            active = [i for i in active if len(drafts[i]) < num_tokens[i]]
-        for seq, d in zip(seqs, drafts):
-            if d:
-                # The whole draft: KV entries of drafts TETRIS drops stay valid where the target
-                # happens to produce the same tokens (_kept_tokens compares them).
-                self.views[seq.seq_id] = (len(seq), d)
-        if capacity is not None:
-            keep = select_lengths(confidences, capacity)
-            drafts = [d[:n] for d, n in zip(drafts, keep)]
-            dists = [d[:n] for d, n in zip(dists, keep)]
-        return drafts, [torch.stack(d) if d else None for d in dists]
+        fed: dict[int, list[int]] = {i: [] for i in active}  # drafts fed back: their KV entries exist
+
+        def step(rows: list[int], last: list[int] | None) -> torch.Tensor:
+            if last is not None:
+                for i, token in zip(rows, last):
+                    fed[i].append(token)
+            tokens = [pending[i] for i in rows] if last is None else [[t] for t in last]
+            return self.runner.forward([Row(self.slots[seqs[i].seq_id], t) for i, t in zip(rows, tokens)])
+
+        drafts, dists = draft_chain(step, [s.params for s in seqs], generators, num_tokens, capacity)
+        for i in active:
+            # Every fed draft, TETRIS's dropped ones too: their KV entries stay valid where the
+            # target happens to produce the same tokens (_kept_tokens compares them).
+            self.views[seqs[i].seq_id] = (len(seqs[i]), fed[i])
+        return drafts, dists
 
     def release(self, seq: Sequence) -> None:
         self.views.pop(seq.seq_id, None)

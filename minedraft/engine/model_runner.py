@@ -24,16 +24,22 @@ class ModelRunner:
         self.cache = KVCache(args.num_layers, num_slots, max_len, args.num_kv_heads, args.head_dim, dtype, device)
         self.cos, self.sin = (t.to(device) for t in rope_tables(args, max_len, dtype))
 
-    @torch.inference_mode()
-    def forward(self, rows: list[Row]) -> torch.Tensor:
+    def forward(self, rows: list[Row], **inputs) -> torch.Tensor:
         """Logits [sum of num_logits, vocab], row by row in order; advances each slot's length."""
-        meta, input_ids, logit_index = self._prepare(rows)
-        hidden = self.model(input_ids, meta, self.cache.k, self.cache.v)
+        return self.run(rows, **inputs)[0]
+
+    @torch.inference_mode()
+    def run(self, rows: list[Row], **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits as `forward`, and the states the model returns beside them for every new token,
+        row after row (a target's auxiliary layers, an EAGLE-3 head's next features), or None.
+        `inputs` go to the model as they are (e.g. `aux_layers`, `features`)."""
+        meta, input_ids, logit_index = self.prepare(rows)
+        hidden, extra = self.model(input_ids, meta, self.cache.k, self.cache.v, **inputs)
         for row in rows:
             self.cache.lengths[row.slot] += len(row.tokens)
-        return self.model.compute_logits(hidden[logit_index])
+        return self.model.compute_logits(hidden[logit_index]), extra
 
-    def _prepare(self, rows: list[Row]) -> tuple[BatchMeta, torch.Tensor, torch.Tensor]:
+    def prepare(self, rows: list[Row]) -> tuple[BatchMeta, torch.Tensor, torch.Tensor]:
         lengths = self.cache.lengths
         B, T = len(rows), max(len(r.tokens) for r in rows)
         starts = [lengths[r.slot] for r in rows]

@@ -197,11 +197,11 @@ class Linear(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, input_size: int | None = None):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
         q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
-        self.qkv = Linear(args.hidden_size, q_size + 2 * kv_size, bias=args.qkv_bias)
+        self.qkv = Linear(input_size or args.hidden_size, q_size + 2 * kv_size, bias=args.qkv_bias)
         self.o_proj = Linear(q_size, args.hidden_size, bias=args.o_bias)
         self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
@@ -286,13 +286,21 @@ class Decoder(nn.Module):
         """[vocab, hidden]; a view of the LM head when the two are tied."""
         return self.lm_head.weight.T if self.embed is None else self.embed
 
-    def forward(self, input_ids: torch.Tensor, meta: BatchMeta, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, meta: BatchMeta, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        aux_layers: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Hidden states [N, hidden] after the final norm for the N new tokens (`input_ids`, row after
-        row); k_cache/v_cache are [layers, slots, ...]."""
+        row); k_cache/v_cache are [layers, slots, ...]. Second: the inputs of the `aux_layers`
+        (the residual stream before each), side by side, [N, len(aux_layers) * hidden], what an
+        EAGLE-3 head reads; None when no layer is asked for."""
         x = self.input_embedding[input_ids]
+        states = {}
         for i, layer in enumerate(self.layers):
+            if i in aux_layers:
+                states[i] = x
             x = layer(x, meta, k_cache[i], v_cache[i])
-        return self.norm(x)
+        return self.norm(x), torch.cat([states[i] for i in aux_layers], dim=-1) if aux_layers else None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the whole vocabulary. A reduced draft head scores its own tokens and gives

@@ -9,13 +9,16 @@ from pathlib import Path
 
 import torch
 
-from minedraft.models.loader import eos_token_ids, load_tokenizer, resolve_model
+from minedraft.models.loader import eos_token_ids, load_model, load_tokenizer, resolve_model
 from minedraft.training.data import forced_data, generate_data
-from minedraft.training.distill import TrainConfig, train
+from minedraft.training.distill import TrainConfig, split, train
+from minedraft.training.eagle3 import Eagle3TrainConfig, Trainer, draft_vocabulary, feature_shards
 
 
 def run(args: argparse.Namespace) -> Path:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.method == "eagle3":
+        return run_eagle3(args)
     work = Path(args.out)
     target = resolve_model(args.model)
     if args.num_threads:
@@ -60,3 +63,43 @@ def plot_log(log_path: Path, png: Path) -> None:
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)
+
+
+def run_eagle3(args: argparse.Namespace) -> Path:
+    """Replies (resumable shards; every shard already in OUT/data is used too), target features per
+    shard, then training from the last checkpoint; the head is exported whenever its held-out
+    acceptance improves."""
+    work = Path(args.out)
+    target_path = resolve_model(args.model)
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    if args.num_prompts:
+        from minedraft.llm import LLM
+
+        with LLM(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                 num_threads=args.num_threads) as llm:
+            generate_data(llm, work / "data", args.num_prompts, args.shard_size, args.max_tokens, args.top_k, args.seed)
+    shards = sorted((work / "data").glob("shard-*.pt"))
+    if not shards:
+        raise ValueError(f"no reply shards in {work / 'data'}: give --num-prompts")
+    target = load_model(target_path, torch.float32, torch.device("cpu"))
+    n = target.args.num_layers
+    aux_layers = (2, n // 2, n - 3)
+    paths = feature_shards(target, shards, work / "features", aux_layers, args.max_model_len)
+    samples = [s for path in paths for s in torch.load(path)]
+    train_set, held_out = split(samples)
+    vocab_file = work / "draft_vocab.pt"  # fixed at the first run: the head's shape depends on it
+    if not vocab_file.exists():
+        eos = eos_token_ids(target_path, load_tokenizer(target_path))
+        ids, coverage = draft_vocabulary(train_set, target.args.vocab_size, args.vocab_size, eos)
+        torch.save(ids, vocab_file)
+        logging.info("draft vocabulary: %d tokens cover %.1f%% of reply tokens", len(ids), 100 * coverage)
+    config = Eagle3TrainConfig(draft_vocab_size=args.vocab_size, ttt_steps=args.ttt_steps, epochs=args.epochs,
+                               batch_tokens=args.batch_tokens, lr=args.lr, autocast_bf16=args.autocast_bf16,
+                               seed=args.seed)
+    trainer = Trainer(target, work, config, aux_layers, torch.load(vocab_file))
+    export = Path(args.export) if args.export else work / "model"
+    logging.info("training on %d replies (%d held out)", len(train_set), len(held_out))
+    trainer.train(train_set, held_out, export, args.max_minutes)
+    print(f"best head (held-out mean acceptance length {trainer.best:.3f}) in {export}; curve in {work / 'log.jsonl'}")
+    return export

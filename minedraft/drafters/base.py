@@ -1,0 +1,35 @@
+"""The proposer protocol: what the engine asks of every drafter, in its process or another."""
+
+import torch
+
+from minedraft.engine.sequence import Sequence
+
+
+class Proposer:
+    """Drafts tokens for sequences; keeps whatever per-sequence state it needs, keyed by seq_id."""
+
+    # Target layers whose input states the proposer reads (an EAGLE-3 head); the engine then hands
+    # it those states for every token a sequence keeps, through `accept_states`.
+    aux_layers: tuple[int, ...] = ()
+
+    def propose(
+        self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None],
+        capacity: int | None = None,
+    ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+        """Drafts per sequence (at most num_tokens[i]) and the distributions they were drawn from
+        ([len(drafts), vocab], or None without drafts). With a `capacity` (TETRIS), only that many
+        drafts in all are kept."""
+        raise NotImplementedError
+
+    def accept_states(self, seq: Sequence, start: int, states: torch.Tensor) -> None:
+        """The target's `aux_layers` states [n, ...] at `seq`'s positions start..start + n - 1, all
+        of them tokens the sequence keeps."""
+
+    def release(self, seq: Sequence) -> None:
+        """Forget a finished or aborted sequence and free what it held."""
+
+    def flush(self) -> None:
+        """Called after every step: a proposer in another process sends queued releases."""
+
+    def close(self, graceful: bool = True) -> None:
+        """Free the proposer's resources (a drafter process: stop it)."""

@@ -1,0 +1,78 @@
+"""Draft tokens with an EAGLE-3 head (minedraft.models.eagle3) over the target's own states.
+
+The head keeps a one-layer KV cache per sequence. Entry i pairs token i + 1 with the target's
+states at position i (cache index i, as vLLM places it). The engine hands over the target's states
+of every token a sequence keeps (`accept_states`); a round feeds the pairs not yet in the cache in
+one pass, then chains the drafts, each step reading the head's own previous output as its feature.
+The draft entries are dropped after the round; the last context pair is kept out of the cache so
+that every round starts from a pass over at least one pair (its output starts the drafts).
+"""
+
+import torch
+
+from minedraft.drafters.base import Proposer
+from minedraft.drafters.chain import draft_chain
+from minedraft.engine.model_runner import ModelRunner, Row
+from minedraft.engine.sequence import Sequence
+from minedraft.models.eagle3 import Eagle3Head
+
+
+class Eagle3Proposer(Proposer):
+    def __init__(self, head: Eagle3Head, target_layers: int, num_slots: int, max_len: int, dtype: torch.dtype,
+                 device: torch.device):
+        self.runner = ModelRunner(head, num_slots, max_len, dtype, device)
+        self.aux_layers = head.config.aux_layers(target_layers)
+        self.slots: dict[int, int] = {}
+        self.states: dict[int, torch.Tensor] = {}  # seq_id -> target states of positions not yet in the cache
+
+    def accept_states(self, seq: Sequence, start: int, states: torch.Tensor) -> None:
+        if seq.seq_id not in self.slots:
+            self.slots[seq.seq_id] = self.runner.cache.allocate()
+            self.states[seq.seq_id] = states[:0]
+        held = self.states[seq.seq_id]
+        expected = self.runner.cache.lengths[self.slots[seq.seq_id]] + len(held)
+        if start > expected:
+            raise RuntimeError(f"sequence {seq.seq_id}: target states from position {start}, expected {expected}")
+        self.states[seq.seq_id] = torch.cat((held, states[expected - start :]))
+
+    def propose(
+        self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None],
+        capacity: int | None = None,
+    ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+        cache = self.runner.cache
+        num_tokens = [n if s.seq_id in self.states and len(self.states[s.seq_id]) else 0
+                      for s, n in zip(seqs, num_tokens)]
+        active = [i for i, n in enumerate(num_tokens) if n > 0]
+        context = {i: cache.lengths[self.slots[seqs[i].seq_id]] for i in active}
+        previous: list[int] = []
+        features = torch.empty(0)
+
+        def step(rows: list[int], last: list[int] | None) -> torch.Tensor:
+            nonlocal previous, features
+            if last is None:  # the pairs not yet in the cache: tokens c + 1.. beside states c..
+                states = [self.states[seqs[i].seq_id] for i in rows]
+                batch = [Row(self.slots[seqs[i].seq_id], seqs[i].tokens_from(context[i] + 1)[: len(s)])
+                         for i, s in zip(rows, states)]
+                logits, out = self.runner.run(batch, features=torch.cat(states))
+                ends = torch.tensor([len(s) for s in states]).cumsum(0) - 1
+                out = out[ends]
+            else:
+                keep = [previous.index(i) for i in rows]
+                batch = [Row(self.slots[seqs[i].seq_id], [t]) for i, t in zip(rows, last)]
+                logits, out = self.runner.run(batch, features=features[keep])
+            previous, features = rows, out
+            return logits
+
+        drafts, dists = draft_chain(step, [s.params for s in seqs], generators, num_tokens, capacity)
+        for i in active:  # keep the context pairs but the last; drop the drafts' entries
+            seq_id = seqs[i].seq_id
+            held = self.states[seq_id]
+            cache.truncate(self.slots[seq_id], context[i] + len(held) - 1)
+            self.states[seq_id] = held[-1:]
+        return drafts, dists
+
+    def release(self, seq: Sequence) -> None:
+        self.states.pop(seq.seq_id, None)
+        slot = self.slots.pop(seq.seq_id, None)
+        if slot is not None:
+            self.runner.cache.free(slot)

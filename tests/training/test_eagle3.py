@@ -1,0 +1,72 @@
+import torch
+
+from minedraft.engine.model_runner import ModelRunner, Row
+from minedraft.models.eagle3 import load_eagle3, save_eagle3
+from minedraft.models.loader import load_model
+from minedraft.models.llama import rope_tables
+from minedraft.training.eagle3 import (Eagle3TrainConfig, Trainer, collate, draft_vocabulary, extract_features,
+                                       new_head, unroll)
+
+CPU = torch.device("cpu")
+
+
+def samples_for(target, n=6, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    vocab = target.args.vocab_size
+    samples = [{"category": "t", "greedy": True,
+                "prompt": torch.randint(0, vocab, (int(torch.randint(3, 9, (1,), generator=gen)),), generator=gen),
+                "reply": torch.randint(0, vocab, (int(torch.randint(6, 14, (1,), generator=gen)),), generator=gen)}
+               for _ in range(n)]
+    extract_features(ModelRunner(target, 4, 64, target.input_embedding.dtype, CPU), (0, 1, 1), samples)
+    return samples
+
+
+def test_training_time_test_matches_the_head_drafting_with_its_cache(tiny_llama):
+    """Each unrolled step of the training attention equals what the head computes at inference
+    (KV cache, context entries then its own drafts one at a time), in float64."""
+    target = load_model(tiny_llama, torch.float64, CPU)
+    vocab_ids = torch.arange(0, target.args.vocab_size, 2)
+    head = new_head(target, vocab_ids, (0, 1, 1), seed=3).double()
+    head.embed = target.input_embedding
+    sample = samples_for(target, n=1)[0]
+    for s in ("aux", "final"):
+        sample[s] = sample[s].double()
+    batch = collate([sample])
+    batch["aux"], batch["final"] = sample["aux"][None], sample["final"][None]
+    cos, sin = rope_tables(target.args, 64, torch.float64)
+    steps = 3
+    trained = [logits[0] for logits, _, _ in unroll(head, batch, steps, cos, sin, target.lm_head.weight[:, vocab_ids])]
+    ids = batch["ids"][0].tolist()
+    runner = ModelRunner(head, 1, 64, torch.float64, CPU)
+    for t in (0, 4, len(ids) - 2 - steps):
+        runner.cache.lengths[0] = 0
+        # Context: entries for tokens 1..t+1 with the target's features of positions 0..t.
+        logits, feature = runner.run([Row(0, ids[1 : t + 2], 1)], features=sample["aux"][: t + 1])
+        for j in range(steps):
+            assert torch.allclose(head.draft_logits(head.norm(feature[-1:]))[0], trained[j][t], atol=1e-9)
+            if j + 1 < steps:
+                _, feature = runner.run([Row(0, [ids[t + 2 + j]], 1)], features=feature[-1:])
+
+
+def test_training_lowers_the_loss_and_the_export_loads_in_the_public_layout(tiny_llama, tmp_path):
+    target = load_model(tiny_llama, torch.float32, CPU)
+    samples = samples_for(target, n=8)
+    ids, coverage = draft_vocabulary(samples, target.args.vocab_size, 48, always={0})
+    assert len(ids) == 48 and 0 in ids.tolist() and 0 < coverage <= 1
+    config = Eagle3TrainConfig(draft_vocab_size=48, ttt_steps=3, epochs=30, batch_tokens=64, lr=3e-3, warmup_steps=1,
+                               eval_every=1000)
+    trainer = Trainer(target, tmp_path, config, (0, 1, 1), ids)
+    first = float(trainer.loss(collate(samples)))
+    trainer.train(samples, samples, tmp_path / "head")
+    assert float(trainer.loss(collate(samples))) < 0.8 * first
+    assert (tmp_path / "checkpoint.pt").exists() and (tmp_path / "log.jsonl").exists()
+    head = load_eagle3(tmp_path / "head", torch.float32, CPU, target.input_embedding)
+    assert torch.equal(head.draft_to_target, ids)
+    assert head.config.aux_layers(target.args.num_layers) == (0, 1, 1)
+    # Round trip: saving the loaded head again gives the same tensors.
+    again = load_eagle3(save_eagle3(head, tmp_path / "again", (0, 1, 1)), torch.float32, CPU, target.input_embedding)
+    for name, value in head.state_dict().items():
+        assert torch.equal(value, again.state_dict()[name]), name
+    # Resuming continues from the checkpoint.
+    resumed = Trainer(target, tmp_path, config, (0, 1, 1), ids)
+    assert resumed.step == trainer.step and resumed.epoch == config.epochs
