@@ -1,11 +1,25 @@
 """Sampling parameters (vLLM's field names), logits processing and token sampling."""
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import torch
 
 
 MAX_LOGPROBS = 20
+# Dividing logits by a temperature much below this overflows them (1e-38 already does in float32);
+# like vLLM, smaller positive temperatures are raised to it (at 0.01 sampling is all but greedy).
+MIN_TEMPERATURE = 1e-2
+MAX_SEED = 2**63 - 1  # a request's n completions use seeds seed .. seed + n - 1, all in 0..MAX_SEED
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -25,31 +39,44 @@ class SamplingParams:
     stop_strings: tuple[str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field; ValueError starting with the field's name. The engine calls it again
+        on admission, so parameters changed after construction are checked too."""
         def fail(name: str, rule: str) -> None:
             raise ValueError(f"{name} {rule}, got {getattr(self, name)!r}")
 
-        if not isinstance(self.n, int) or self.n < 1:
+        if not _is_int(self.n) or self.n < 1:
             fail("n", "must be an integer >= 1")
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            fail("temperature", "must be >= 0")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        if not _is_number(self.temperature) or self.temperature < 0:
+            fail("temperature", "must be a finite number >= 0")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            self.temperature = MIN_TEMPERATURE
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             fail("top_p", "must be in (0, 1]")
-        if not isinstance(self.top_k, int) or not (self.top_k == -1 or self.top_k >= 1):
-            fail("top_k", "must be -1 (disabled) or >= 1")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if not _is_int(self.top_k) or not (self.top_k == -1 or self.top_k >= 1):
+            fail("top_k", "must be -1 (disabled) or an integer >= 1")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
             fail("max_tokens", "must be an integer >= 1")
-        if self.seed is not None and not isinstance(self.seed, int):
-            fail("seed", "must be an integer or None")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+        if not isinstance(self.ignore_eos, bool):
+            fail("ignore_eos", "must be true or false")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED - (self.n - 1)):
+            fail("seed", f"must be None or an integer in 0..2**63 - n (= {MAX_SEED - (self.n - 1)})")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             fail("logprobs", f"must be None or an integer in 0..{MAX_LOGPROBS}")
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if any(not isinstance(s, str) or not s for s in stops):
+        stops = [self.stop] if isinstance(self.stop, str) else [] if self.stop is None else self.stop
+        if not isinstance(stops, (list, tuple)) or any(not isinstance(s, str) or not s for s in stops):
             fail("stop", "must be a non-empty string or a list of them")
         self.stop_strings = tuple(stops)
-        ids = list(self.stop_token_ids or [])
-        if any(not isinstance(i, int) or i < 0 for i in ids):
+        ids = [] if self.stop_token_ids is None else self.stop_token_ids
+        if not isinstance(ids, (list, tuple)) or any(not _is_int(i) or i < 0 for i in ids):
             fail("stop_token_ids", "must be a list of non-negative token ids")
-        self.stop_token_ids = ids
+        self.stop_token_ids = list(ids)
+
+    def as_dict(self) -> dict:
+        """The constructor's arguments, as plain values (what the drafter process is sent)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
 
     @property
     def greedy(self) -> bool:

@@ -1,7 +1,9 @@
+import json
+
 import pytest
 import torch
 
-from minedraft.sampling import SamplingParams, probabilities, rejection_sample, sample, top_logprobs
+from minedraft.sampling import MIN_TEMPERATURE, SamplingParams, probabilities, rejection_sample, sample, top_logprobs
 
 
 def test_greedy_is_one_hot_at_argmax():
@@ -119,3 +121,48 @@ def test_top_logprobs_are_the_models_own_and_include_the_chosen_token():
 def test_bad_logprobs_is_named(value):
     with pytest.raises(ValueError, match="logprobs"):
         SamplingParams(logprobs=value)
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"temperature": float("nan")}, "temperature"),
+    ({"temperature": float("inf")}, "temperature"),
+    ({"temperature": True}, "temperature"),
+    ({"top_p": float("nan")}, "top_p"),
+    ({"n": True}, "n"),
+    ({"max_tokens": True}, "max_tokens"),
+    ({"top_k": 2.0}, "top_k"),
+    ({"seed": -1}, "seed"),
+    ({"seed": 2**63}, "seed"),
+    ({"seed": 2**63 - 1, "n": 2}, "seed"),  # the second completion's seed would be 2**63
+    ({"seed": 18446744073709551615, "n": 2}, "seed"),
+    ({"seed": True}, "seed"),
+    ({"logprobs": True}, "logprobs"),
+    ({"stop": 5}, "stop"),
+    ({"stop": [1]}, "stop"),
+    ({"stop_token_ids": 5}, "stop_token_ids"),
+    ({"stop_token_ids": [True]}, "stop_token_ids"),
+    ({"ignore_eos": 1}, "ignore_eos"),
+])
+def test_bad_values_name_their_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"^{field} "):
+        SamplingParams(**kwargs)
+
+
+def test_seeds_up_to_the_generators_range_are_accepted():
+    assert SamplingParams(seed=2**63 - 2, n=2).seed == 2**63 - 2
+    assert SamplingParams(seed=0).seed == 0
+
+
+@pytest.mark.parametrize("temperature", [1e-320, 1e-38, 1e-5])
+def test_tiny_temperatures_are_raised_to_a_safe_floor(temperature):
+    params = SamplingParams(temperature=temperature)
+    assert params.temperature == MIN_TEMPERATURE
+    logits = torch.tensor([[30.0, 29.9, -5.0]])
+    probs = probabilities(logits, [params])
+    assert torch.isfinite(probs).all() and probs[0, 0] > 0.99
+
+
+def test_as_dict_rebuilds_the_same_params():
+    params = SamplingParams(n=2, temperature=0.5, top_k=4, stop=["a", "bc"], stop_token_ids=[3], seed=9, logprobs=2)
+    rebuilt = SamplingParams(**json.loads(json.dumps(params.as_dict())))
+    assert rebuilt == params and rebuilt.stop_strings == params.stop_strings
