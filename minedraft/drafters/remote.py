@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -32,11 +33,28 @@ class WorkerArgs:
     seed: int
 
 
+READY_TIMEOUT_S = 300.0  # for the drafter process to start and load its model
+
+
 def pin(cpus: tuple[int, ...] | None) -> None:
-    """Bind this process to `cpus` with one torch thread per core."""
+    """Bind this thread (and the threads it starts) to `cpus`, with one torch thread per core."""
     if cpus:
         os.sched_setaffinity(0, cpus)
         torch.set_num_threads(len(cpus))
+
+
+def cpu_settings() -> tuple[int, set[int], int]:
+    """What pin() changes: this thread's id and cores, and torch's thread count (process-wide)."""
+    return threading.get_native_id(), os.sched_getaffinity(0), torch.get_num_threads()
+
+
+def restore_cpu_settings(settings: tuple[int, set[int], int]) -> None:
+    thread, cpus, num_threads = settings
+    try:
+        os.sched_setaffinity(thread, cpus)
+    except OSError:  # that thread has ended
+        pass
+    torch.set_num_threads(num_threads)
 
 
 def drafter_seed(seed: int, index: int) -> int:
@@ -54,23 +72,23 @@ def free_port() -> int:
 class RemoteDrafter:
     """Engine-side handle on the drafter process: submit a sub-batch, later collect its drafts."""
 
-    def __init__(self, args: WorkerArgs, timeout_s: float, ready_timeout_s: float = 300.0):
+    def __init__(self, args: WorkerArgs, timeout_s: float):
         self.timeout_s = timeout_s
         # A fresh interpreter (not multiprocessing's spawn) so the user's __main__ is never re-run;
         # the same command could start the drafter on another host.
         command = [sys.executable, "-m", "minedraft.drafters.worker", json.dumps(dataclasses.asdict(args))]
-        self.process = subprocess.Popen(command)
-        self.channel = None
-        try:
-            self.channel = Channel(args.init_method, ENGINE, ready_timeout_s)
-            self.channel.recv(ready_timeout_s)
-        except DrafterError as e:
-            self.close()
-            raise DrafterError(f"drafter process failed to start: {e}") from None
         self.known: dict[int, int] = {}  # seq_id -> how many of the sequence's tokens the drafter has
         self.released: list[int] = []
         self.in_flight: list[Sequence] | None = None
         self.last_span: tuple[float, float] | None = None
+        self.process = subprocess.Popen(command)
+        self.channel = None
+        try:
+            self.channel = Channel(args.init_method, ENGINE, READY_TIMEOUT_S, lambda: self.process.poll() is None)
+            self.channel.recv(READY_TIMEOUT_S)
+        except DrafterError as e:
+            self.close()
+            raise DrafterError(f"drafter process failed to start: {e}") from None
 
     def propose(
         self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None],
@@ -89,7 +107,7 @@ class RemoteDrafter:
         for seq, k in zip(seqs, num_tokens):
             gen_seed = None if seq.params.seed is None else drafter_seed(seq.params.seed, seq.index)
             known = self.known.get(seq.seq_id, 0)
-            items.append((seq.seq_id, seq.tokens_from(known), k, seq.params, gen_seed))
+            items.append([seq.seq_id, seq.tokens_from(known), k, seq.params.as_dict(), gen_seed])
             self.known[seq.seq_id] = len(seq)
         self._send({"op": "draft", "release": self.released, "seqs": items, "capacity": capacity})
         self.released = []
@@ -99,13 +117,16 @@ class RemoteDrafter:
         """Drafts and draft distributions (None for greedy rows) of the in-flight sub-batch, by seq id."""
         seqs, self.in_flight = self.in_flight, None
         header, tensors = self._recv()
-        self.last_span = (header["start"], header["end"])
-        sizes = [len(d) for s, d in zip(seqs, header["drafts"]) if d and not s.params.greedy]
-        rows = iter(tensors[0].split(sizes) if sizes else ())
-        out = {}
-        for seq, drafts in zip(seqs, header["drafts"]):
-            out[seq.seq_id] = (drafts, next(rows) if drafts and not seq.params.greedy else None)
-        return out
+        try:
+            self.last_span = (float(header["start"]), float(header["end"]))
+            drafts = header["drafts"]
+            if len(drafts) != len(seqs) or any(not isinstance(t, int) for d in drafts for t in d):
+                raise ValueError(f"{len(drafts)} drafts for {len(seqs)} sequences, or not token ids")
+            sizes = [len(d) for s, d in zip(seqs, drafts) if d and not s.params.greedy]
+            rows = iter(tensors[0].split(sizes) if sizes else ())
+            return {seq.seq_id: (d, next(rows) if d and not seq.params.greedy else None) for seq, d in zip(seqs, drafts)}
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError, StopIteration) as e:
+            raise DrafterError(f"malformed drafts from the drafter: {e!r}") from None
 
     def release(self, seq: Sequence) -> None:
         if self.known.pop(seq.seq_id, None) is not None:
@@ -118,6 +139,9 @@ class RemoteDrafter:
             self.released = []
 
     def stats(self) -> dict:
+        """The idle drafter's free KV slots and the sequences it holds."""
+        if self.in_flight is not None:
+            raise RuntimeError("the drafter is drafting; ask for its stats when it is idle")
         self._send({"op": "stats"})
         return self._recv()[0]
 
@@ -127,6 +151,8 @@ class RemoteDrafter:
             try:
                 if self.channel is None or not graceful:
                     raise DrafterError("not stopping gracefully")
+                if self.in_flight is not None:  # it listens again only once its drafts are taken
+                    self.collect()
                 self.channel.send({"op": "stop"})
                 self.process.wait(timeout=10)
             except (DrafterError, subprocess.TimeoutExpired):

@@ -20,7 +20,7 @@ from minedraft.drafters.transport import DRAFTER, Channel
 from minedraft.engine.sequence import Sequence
 from minedraft.models.llama import ModelArgs
 from minedraft.models.loader import load_model, read_config, read_embedding
-from minedraft.sampling import make_generator
+from minedraft.sampling import SamplingParams, make_generator
 
 
 def die_with_parent() -> None:
@@ -59,11 +59,11 @@ def worker_main(args: WorkerArgs) -> None:
                 seq = mirrors.get(seq_id)
                 if seq is None:
                     gen = None if gen_seed is None else make_generator(gen_seed)
-                    seq = mirrors[seq_id] = Sequence(seq_id, "", 0, None, [], params, gen, None)
+                    seq = mirrors[seq_id] = Sequence(seq_id, "", 0, None, [], SamplingParams(**params), gen, None)
                 seq.output_token_ids += new_tokens
                 seqs.append(seq)
                 num_tokens.append(k)
-                gens.append(None if params.greedy else seq.generator or default_gen)
+                gens.append(None if seq.params.greedy else seq.generator or default_gen)
             drafts, dists = proposer.propose(seqs, num_tokens, gens, header.get("capacity"))
             sampled = [q for q, g in zip(dists, gens) if q is not None and g is not None]
             tensors = [torch.cat(sampled)] if sampled else []
