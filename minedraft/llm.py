@@ -50,9 +50,11 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in the prompts' order."""
-        prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
-        params = sampling_params or SamplingParams()
-        params = params if isinstance(params, list) else [params] * len(prompts)
+        prompts = [prompts] if isinstance(prompts, (str, dict)) else prompts
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError(f"prompts must be a prompt or a list of them, got {type(prompts).__name__}")
+        params = SamplingParams() if sampling_params is None else sampling_params
+        params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
         engine = self.engine
@@ -61,8 +63,13 @@ class LLM:
             for prompt, p in zip(prompts, params):
                 if isinstance(prompt, dict):
                     if "prompt_token_ids" not in prompt:
-                        raise ValueError("a dict prompt needs the key 'prompt_token_ids'")
+                        raise ValueError("prompt dict needs the key 'prompt_token_ids'")
                     prompt = prompt["prompt_token_ids"]
+                    if isinstance(prompt, str):  # text belongs in a plain string prompt
+                        raise ValueError("prompt_token_ids must be a list of token ids")
+                elif not isinstance(prompt, str):
+                    raise ValueError(f"prompt must be a string or {{'prompt_token_ids': [...]}}, "
+                                     f"got {type(prompt).__name__}")
                 ids.append(engine.add_request(prompt, p))
         except Exception:
             for request_id in ids:  # leave nothing half-queued behind a bad prompt

@@ -18,8 +18,11 @@ class BatchManager:
     def members(self, running: list[Sequence], group: int) -> list[Sequence]:
         return [s for s in running if self.group[s.seq_id] == group]
 
+    def size(self, group: int) -> int:
+        return sum(1 for g in self.group.values() if g == group)
+
     def assign(self, running: list[Sequence]) -> None:
-        sizes = [sum(1 for g in self.group.values() if g == i) for i in (0, 1)]
+        sizes = [self.size(0), self.size(1)]
         for seq in running:
             if seq.seq_id not in self.group:
                 target = 1 - self.in_flight if self.in_flight is not None else int(sizes[1] < sizes[0])

@@ -3,12 +3,14 @@
 import itertools
 import logging
 import time
+from contextlib import contextmanager
 
 import torch
 
 from minedraft.config import EngineConfig, check_num_speculative_tokens
 from minedraft.drafters import DraftModelProposer, NgramProposer
-from minedraft.drafters.remote import RemoteDrafter, WorkerArgs, free_port, pin
+from minedraft.drafters.remote import (RemoteDrafter, WorkerArgs, cpu_settings, free_port, pin,
+                                       restore_cpu_settings)
 from minedraft.drafters.transport import DrafterError
 from minedraft.engine.batch_manager import BatchManager
 from minedraft.engine.detokenizer import Detokenizer
@@ -31,16 +33,22 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig):
         self.config = config
+        self.cpu_settings = cpu_settings()  # restored by close(): pinning below changes them
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         device = torch.device(config.device)
         model = load_model(config.model_path, config.torch_dtype, device)
         self.runner = ModelRunner(model, config.num_slots, config.max_model_len, config.torch_dtype, device)
         spec = config.speculative
-        self.proposer = None if spec is None else self._make_proposer(model)
-        self.batches = BatchManager() if spec is not None and spec.parallel else None
-        self.draft_length = self._controller()
         self.spec_metrics = SpecDecodeMetrics()
+        self.proposer = None
+        if spec is not None:
+            try:
+                self.proposer = self._make_proposer(model)
+            except DrafterError as e:  # a drafter that fails to start: the fallback of one that fails later
+                self._drafter_failed(e)
+        self.batches = BatchManager() if self.proposer is not None and spec.parallel else None
+        self.draft_length = self._controller()
         self.trace: list[dict] | None = [] if config.trace else None
         self.scheduler = Scheduler(self.runner.cache, config.max_num_batched_tokens)
         self.tokenizer = load_tokenizer(config.model_path)
@@ -70,7 +78,7 @@ class LLMEngine:
 
     def encode(self, prompt: str) -> list[int]:
         if self.tokenizer is None:
-            raise ValueError(f"model {str(self.config.model_path)!r} has no tokenizer: give prompt token ids")
+            raise ValueError(f"prompt must be token ids: model {str(self.config.model_path)!r} has no tokenizer")
         return self.tokenizer.encode(prompt, add_special_tokens=True)
 
     def apply_chat_template(self, messages: list[dict]) -> str:
@@ -83,13 +91,19 @@ class LLMEngine:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty")
+            try:
+                prompt.encode()
+            except UnicodeEncodeError:  # the tokenizer would raise a TypeError
+                raise ValueError("prompt is not valid Unicode: it holds a lone surrogate") from None
             token_ids = self.encode(prompt)
-        else:
+        elif isinstance(prompt, (list, tuple)):
             token_ids = list(prompt)
+        else:
+            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         if not token_ids:
             raise ValueError("prompt is empty")
         vocab = self.config.model_args.vocab_size
-        if any(not isinstance(t, int) or not 0 <= t < vocab for t in token_ids):
+        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         limit = self.config.max_model_len - 1
         if len(token_ids) > limit:
@@ -99,25 +113,46 @@ class LLMEngine:
     def add_request(
         self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
     ) -> str:
-        """Queue a prompt (text or token ids); returns its request id. Bad input raises ValueError."""
+        """Queue a prompt (text or token ids); returns its request id. Bad input raises ValueError
+        naming the field, and then nothing is queued: a request enters with all n sequences or none."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        params.validate()  # again: fields may have been changed since construction
         token_ids = self.tokenize_prompt(prompt)
+        room = self.config.max_model_len - len(token_ids)
+        if params.max_tokens > room:
+            raise ValueError(f"max_tokens {params.max_tokens} is more than the context leaves: max_model_len "
+                             f"{self.config.max_model_len} - {len(token_ids)} prompt tokens = {room}")
         text = prompt if isinstance(prompt, str) else None
         request_id = str(next(self._ids)) if request_id is None else request_id
         if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        seqs = []
-        for i in range(params.n):
-            gen = None if params.seed is None else make_generator(params.seed + i)
-            seq = Sequence(next(self._seq_ids), request_id, i, text, token_ids, params, gen,
-                           self.detokenizer.start(len(token_ids)), logprobs=None if params.logprobs is None else [])
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        seqs = [Sequence(next(self._seq_ids), request_id, i, text, token_ids, params,
+                         None if params.seed is None else make_generator(params.seed + i),
+                         self.detokenizer.start(len(token_ids)), logprobs=None if params.logprobs is None else [])
+                for i in range(params.n)]
+        for seq in seqs:
             self.scheduler.add(seq)
-            seqs.append(seq)
         self.requests[request_id] = seqs
         return request_id
+
+    def free_slots(self) -> dict[str, int | None]:
+        """Free KV slots of the target and of a draft model (None: there is none, or the drafter
+        process is busy drafting)."""
+        drafter = None
+        if isinstance(self.proposer, RemoteDrafter) and self.proposer.in_flight is None:
+            try:
+                drafter = self.proposer.stats()["free_slots"]
+            except DrafterError as e:
+                self._drafter_failed(e)
+        elif isinstance(self.proposer, DraftModelProposer):
+            drafter = self.proposer.runner.cache.num_free
+        return {"target": self.runner.cache.num_free, "drafter": drafter, "num_slots": self.config.num_slots}
 
     def abort(self, request_id: str) -> None:
         for seq in self.requests.pop(request_id, []):
             self._finish(seq, "abort")
+        self._release_drafter_slots()
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_time = time.perf_counter()
@@ -142,10 +177,13 @@ class LLMEngine:
         return DraftLengthController(parallel=self.batches is not None)
 
     def close(self) -> None:
-        """Stop the drafter process, if there is one."""
+        """Stop the drafter process, if there is one, and give back the CPU settings pinning took."""
         if isinstance(self.proposer, RemoteDrafter):
             self.proposer.close()
         self.proposer = None
+        if self.cpu_settings is not None:  # once: a later engine may have pinned them again
+            restore_cpu_settings(self.cpu_settings)
+            self.cpu_settings = None
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
@@ -157,11 +195,10 @@ class LLMEngine:
         seqs, prefill = self.scheduler.schedule()
         if not seqs:
             return []
-        if prefill or self.proposer is None:
-            self._decode(seqs, "prefill" if prefill else "decode")
-            return self._outputs(seqs)
         try:
-            if self.draft_length is not None and self.draft_length.k == 0:
+            if prefill or self.proposer is None:
+                self._decode(seqs, "prefill" if prefill else "decode")
+            elif self.draft_length is not None and self.draft_length.k == 0:
                 self._undrafted_step(seqs)
             elif self.batches is not None:
                 seqs = self._parallel_step(seqs)
@@ -170,21 +207,45 @@ class LLMEngine:
         except DrafterError as e:  # raised before any verification touched the sequences
             self._drafter_failed(e)
             self._decode(seqs)
-            return self._outputs(seqs)
-        if isinstance(self.proposer, RemoteDrafter):
-            try:
-                self.proposer.flush()  # slots of finished sequences, freed while the drafter is idle
-            except DrafterError as e:
-                self._drafter_failed(e)
+        except Exception:  # a failed forward (or a bug): this step's sequences are in an unknown state
+            log.exception("step failed; failing its %d sequences, the others go on", len(seqs))
+            for seq in seqs:
+                self._finish(seq, "error")
+        self._release_drafter_slots()
         return self._outputs(seqs)
+
+    def _release_drafter_slots(self) -> None:
+        """Send the drafter the slots of finished sequences now if it is idle. In psd, drafts in
+        flight for a sub-batch whose every sequence has gone (aborted) are taken and dropped first,
+        so the drafter frees their slots without waiting for another request."""
+        if not isinstance(self.proposer, RemoteDrafter):
+            return
+        try:
+            if self.batches is not None and self.batches.in_flight is not None \
+                    and not self.batches.size(self.batches.in_flight):
+                self.proposer.collect()
+                self.batches.in_flight = None
+            self.proposer.flush()
+        except DrafterError as e:
+            self._drafter_failed(e)
 
     def _drafter_failed(self, error: Exception) -> None:
         """Carry on without speculation: drafts in flight are dropped, nothing else was touched."""
         log.error("drafter failed, continuing without speculation: %s", error)
         self.spec_metrics.drafter_failures += 1
-        self.proposer.close(graceful=False)
+        if self.proposer is not None:
+            self.proposer.close(graceful=False)
         self.proposer = None
         self.batches = None
+
+    @contextmanager
+    def _isolated(self, seq: Sequence):
+        """Work on one sequence's own results: if it fails, that sequence fails alone."""
+        try:
+            yield
+        except Exception:
+            log.exception("request %s failed", seq.request_id)
+            self._finish(seq, "error")
 
     def _sampling_generator(self, seq: Sequence) -> torch.Generator | None:
         """The request's own generator, the engine's for unseeded requests, None for greedy ones."""
@@ -198,7 +259,8 @@ class LLMEngine:
         probs = probabilities(logits, [s.params for s in seqs])
         tokens = sample(probs, [self._sampling_generator(s) for s in seqs])
         for i, (seq, token) in enumerate(zip(seqs, tokens)):
-            self.append_tokens(seq, [token], self._logprobs(seq, logits[i : i + 1], [token]))
+            with self._isolated(seq):
+                self.append_tokens(seq, [token], self._logprobs(seq, logits[i : i + 1], [token]))
         self._event(kind, -1, len(seqs), start, time.time())
 
     def _draft_len(self, seq: Sequence) -> int:
@@ -248,10 +310,13 @@ class LLMEngine:
         if others:
             self._submit(others)
         batches.in_flight = 1 - x if others else None
+        # Every sequence of the sub-batch may have gone while it was drafted (aborted): then
+        # this step verifies nothing.
         verified = batches.members(running, x)
-        self._verify(verified, *zip(*(drafts.get(s.seq_id, ([], None)) for s in verified)), group=x)
-        self.spec_metrics.num_steps += 1
-        self.spec_metrics.num_overlapped_steps += bool(others)
+        drafted = [drafts.get(s.seq_id, ([], None)) for s in verified]
+        self._verify(verified, [d for d, _ in drafted], [q for _, q in drafted], group=x)
+        self.spec_metrics.num_steps += bool(verified)
+        self.spec_metrics.num_overlapped_steps += bool(verified and others)
         batches.rebalance(self.scheduler.running, x)
         return verified
 
@@ -286,14 +351,16 @@ class LLMEngine:
         sizes = [n + 1 for n in drafted]
         params = [s.params for s, n in zip(seqs, sizes) for _ in range(n)]
         targets = probabilities(logits, params).split(sizes)
-        accepted = []
-        for seq, d, q, p, gen, row_logits in zip(seqs, drafts, dists, targets, gens, logits.split(sizes)):
-            tokens = rejection_sample(p, q, d, gen)
-            accepted.append(len(tokens) - 1)
-            self.spec_metrics.observe(len(d), len(tokens) - 1)
-            self.append_tokens(seq, tokens, self._logprobs(seq, row_logits[: len(tokens)], tokens))
-            if seq.status != Status.FINISHED:  # drop the target's KV entries of rejected drafts
-                cache.truncate(seq.slot, len(seq) - 1)
+        accepted = [0] * len(seqs)
+        for i, (seq, d, q, p, gen, row_logits) in enumerate(zip(seqs, drafts, dists, targets, gens,
+                                                                 logits.split(sizes))):
+            with self._isolated(seq):
+                tokens = rejection_sample(p, q, d, gen)
+                accepted[i] = len(tokens) - 1
+                self.spec_metrics.observe(len(d), len(tokens) - 1)
+                self.append_tokens(seq, tokens, self._logprobs(seq, row_logits[: len(tokens)], tokens))
+                if seq.status != Status.FINISHED:  # drop the target's KV entries of rejected drafts
+                    cache.truncate(seq.slot, len(seq) - 1)
         end = time.time()
         if self.draft_length is not None:
             self.draft_length.observe_verify(end - start, max(drafted), list(zip(drafted, accepted)))

@@ -30,7 +30,7 @@ class Sequence:
     logprobs: list[dict[int, float]] | None = None  # per output token, when params.logprobs is set
     text: str = ""
     status: Status = Status.WAITING
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     slot: int | None = None
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
@@ -45,6 +45,15 @@ class Sequence:
 
     def __len__(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def output_text(self) -> str:
+        """The text so far. Until the sequence finishes, as many of its last characters as could
+        begin a stop string are held back, so text once shown is never cut off by a later stop."""
+        if self.status == Status.FINISHED or not self.params.stop_strings:
+            return self.text
+        hold = max(len(s) for s in self.params.stop_strings) - 1
+        return self.text[: max(len(self.text) - hold, 0)]
 
 
 @dataclass
@@ -70,7 +79,7 @@ class RequestOutput:
     @classmethod
     def from_sequences(cls, seqs: list[Sequence]) -> "RequestOutput":
         first = seqs[0]
-        outputs = [CompletionOutput(s.index, s.text, list(s.output_token_ids), s.finish_reason,
+        outputs = [CompletionOutput(s.index, s.output_text, list(s.output_token_ids), s.finish_reason,
                                     None if s.logprobs is None else list(s.logprobs)) for s in seqs]
         done = all(s.status == Status.FINISHED for s in seqs)
         firsts = [s.first_token_time for s in seqs if s.first_token_time is not None]

@@ -70,11 +70,17 @@ def test_stop_token_ids_and_eos(llm):
         llm.engine.eos_token_ids = set()
 
 
-def test_generation_stops_at_max_model_len(tiny_llama):
+def test_max_tokens_may_fill_the_context_but_not_more(tiny_llama):
     llm = LLM(str(tiny_llama), dtype="float64", max_num_seqs=2, max_model_len=16)
-    out = llm.generate(as_prompts([PROMPTS[2]]), SamplingParams(temperature=0, max_tokens=100, ignore_eos=True),
+    room = 16 - len(PROMPTS[2])
+    out = llm.generate(as_prompts([PROMPTS[2]]), SamplingParams(temperature=0, max_tokens=room, ignore_eos=True),
                        use_tqdm=False)[0].outputs[0]
-    assert len(out.token_ids) == 16 - len(PROMPTS[2]) and out.finish_reason == "length"
+    assert len(out.token_ids) == room and out.finish_reason == "length"
+    # Like vLLM's server: a request asking for more than the context leaves is refused up front,
+    # rather than holding a slot until the context is full.
+    with pytest.raises(ValueError, match="^max_tokens "):
+        llm.generate(as_prompts([PROMPTS[2]]), SamplingParams(max_tokens=10**12), use_tqdm=False)
+    assert not llm.engine.has_unfinished()
 
 
 def test_abort_frees_slots(llm):
@@ -126,3 +132,93 @@ def test_bad_engine_config_is_named(tiny_llama, kwargs, message):
     kwargs = {"model": str(tiny_llama), **kwargs}
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         LLM(**kwargs)
+
+
+# -- one bad request never hurts another -------------------------------------------------------------
+
+
+def test_admission_is_all_or_nothing(llm):
+    engine = llm.engine
+    params = SamplingParams(n=2, seed=5)
+    params.seed = 2**64 - 1  # changed after construction: the second completion's seed would overflow
+    with pytest.raises(ValueError, match="^seed "):
+        engine.add_request([1, 2, 3], params)
+    with pytest.raises(ValueError, match="^max_tokens "):
+        engine.add_request([1, 2, 3], SamplingParams(n=3, max_tokens=126))
+    assert not engine.has_unfinished() and not engine.requests
+    assert len(llm.generate(as_prompts([[3]]), SamplingParams(max_tokens=2), use_tqdm=False)) == 1
+
+
+def run_all(engine) -> dict:
+    done = {}
+    while engine.has_unfinished():
+        done.update((o.request_id, o.outputs) for o in engine.step() if o.finished)
+    return done
+
+
+def test_a_request_failing_on_its_own_fails_alone(llm, monkeypatch):
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    want = tokens(llm.generate(as_prompts(PROMPTS[:2]), params, use_tqdm=False))
+    good, bad = (engine.add_request(p, SamplingParams(n=n, temperature=0, max_tokens=10, ignore_eos=True))
+                 for p, n in zip(PROMPTS[:2], (1, 2)))
+    state = engine.requests[bad][1].decode_state  # the second of its two completions
+    step = engine.detokenizer.step
+
+    def failing_step(s, tail):
+        if s is state and len(tail) > 6:
+            raise RuntimeError("this completion's own failure")
+        return step(s, tail)
+
+    monkeypatch.setattr(engine.detokenizer, "step", failing_step)
+    done = run_all(engine)
+    assert done[good][0].token_ids == want[0]
+    assert done[bad][0].token_ids == want[1] and done[bad][1].finish_reason == "error"
+    assert engine.runner.cache.num_free == 4
+
+
+def test_a_failed_step_fails_only_its_sequences(llm, monkeypatch):
+    """A prefill that fails (here: its forward) fails the requests it admitted; requests already
+    running go on."""
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    want = tokens(llm.generate(as_prompts(PROMPTS[:1]), params, use_tqdm=False))
+    running = engine.add_request(PROMPTS[0], params)
+    engine.step()
+    late = engine.add_request(PROMPTS[2], params)
+    forward = engine.runner.forward
+
+    def failing_forward(rows):
+        if any(len(r.tokens) == len(PROMPTS[2]) for r in rows):  # the late request's prefill
+            raise RuntimeError("out of memory, say")
+        return forward(rows)
+
+    monkeypatch.setattr(engine.runner, "forward", failing_forward)
+    done = run_all(engine)
+    assert done[late][0].finish_reason == "error" and done[running][0].token_ids == want[0]
+    assert engine.runner.cache.num_free == 4 and not engine.requests
+
+
+def test_streamed_text_is_never_cut_by_a_later_stop_string(tiny_chat):
+    """Text shown while a request runs is always a prefix of its final text, even when a stop
+    string begins in one token and ends in the next."""
+    llm = LLM(str(tiny_chat), dtype="float64", max_num_seqs=2, max_model_len=128)
+    engine = llm.engine
+
+    def texts(params):  # the text after each step, as a stream shows it
+        engine.add_request("Once upon a time", params)
+        shown = []
+        while engine.has_unfinished():
+            shown += [o.outputs[0].text for o in engine.step()]
+        return shown
+
+    growth = texts(SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    free = growth[-1]
+    # A stop string made of the text of two consecutive steps, found first where they begin.
+    i = next(i for i in range(1, len(growth) - 1) if growth[i - 1] != growth[i] != growth[i + 1]
+             and free.find(growth[i + 1][len(growth[i - 1]):]) == len(growth[i - 1]))
+    stop = growth[i + 1][len(growth[i - 1]):]
+    shown = texts(SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=stop))
+    final = shown[-1]
+    assert final == free[: free.index(stop)]
+    assert all(final.startswith(text) for text in shown)

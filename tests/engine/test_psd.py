@@ -1,11 +1,18 @@
 """Batch parallel SD (`psd`) and the drafter in its own process."""
 
 import os
+import random
+import shutil
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
+import torch
 
 from minedraft import LLM, SamplingParams
+from minedraft.drafters import remote
 
 PROMPTS = [[5, 17, 3, 44, 9, 2, 61], [8], [90, 12, 33, 33, 1, 7, 7, 7, 70, 4, 11, 2, 3], [40, 41], [66] * 20,
            [3, 1, 4, 1, 5, 9, 2, 6]]
@@ -138,3 +145,164 @@ def test_frozen_drafter_times_out_and_requests_complete(tiny_llama, tiny_draft, 
 def test_bad_placement_is_named(tiny_llama, placement, message):
     with pytest.raises(ValueError, match=message):
         LLM(str(tiny_llama), speculative_config={"model": "self", "num_speculative_tokens": 2, **placement})
+
+
+# -- either sub-batch may empty at any moment -------------------------------------------------------
+
+
+def in_flight_requests(engine) -> set[str]:
+    """The requests of the sub-batch the drafter is working on."""
+    batches = engine.batches
+    return {s.request_id for s in engine.scheduler.running if batches.group.get(s.seq_id) == batches.in_flight}
+
+
+def assert_all_free(llm, slots=4):
+    engine = llm.engine
+    assert not engine.has_unfinished() and not engine.requests
+    assert engine.runner.cache.num_free == slots
+    assert not engine.batches.group and engine.batches.in_flight is None
+    assert engine.proposer.stats() == {"free_slots": slots, "sequences": 0}
+
+
+def test_aborting_every_request_being_drafted(tiny_llama, tiny_draft, expected):
+    """The sub-batch in flight loses all its requests: the step verifies nothing, the other
+    requests go on, and the drafter frees the aborted requests' slots."""
+    with make(tiny_llama, tiny_draft) as llm:
+        engine = llm.engine
+        ids = {engine.add_request(PROMPTS[i], greedy(LENGTHS[i])): i for i in range(4)}
+        while engine.batches is None or engine.batches.in_flight is None or len(engine.scheduler.running) < 4:
+            engine.step()
+        gone = in_flight_requests(engine)
+        assert 0 < len(gone) < 4
+        for request_id in gone:
+            engine.abort(request_id)
+        done = {}
+        while engine.has_unfinished():
+            done.update((o.request_id, o.outputs[0].token_ids) for o in engine.step() if o.finished)
+        assert {ids[r]: t for r, t in done.items()} == {ids[r]: expected[ids[r]] for r in ids if r not in gone}
+        assert llm.get_metrics()["drafter_failures"] == 0
+        assert_all_free(llm)
+
+
+def test_aborting_every_request_frees_the_drafter_without_another_step(tiny_llama, tiny_draft):
+    with make(tiny_llama, tiny_draft) as llm:
+        engine = llm.engine
+        ids = [engine.add_request(PROMPTS[i], greedy(30)) for i in range(3)]
+        while engine.batches.in_flight is None:
+            engine.step()
+        for request_id in ids:
+            engine.abort(request_id)
+        assert_all_free(llm)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sub_batches_empty_at_random_moments(tiny_llama, tiny_draft, seed):
+    """Requests arrive, finish (length, stop token) and are aborted at random steps, often
+    emptying one sub-batch while its drafts are in flight or just before they are verified:
+    every request that was not aborted still gets exactly AR's tokens, and nothing is left behind."""
+    rng = random.Random(seed)
+    prompts = [rng.choice(PROMPTS) for _ in range(10)]
+    lengths = [rng.randint(1, 12) for _ in prompts]
+    ar = LLM(str(tiny_llama), dtype="float64", max_num_seqs=1, max_model_len=96)
+    free = [ar.generate([{"prompt_token_ids": p}], greedy(n), use_tqdm=False)[0].outputs[0].token_ids
+            for p, n in zip(prompts, lengths)]
+    params = []  # some stop at a token the free run produces
+    for n, tokens in zip(lengths, free):
+        stop = [rng.choice(tokens)] if rng.random() < 0.4 else None
+        params.append(SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, stop_token_ids=stop))
+    want = [ar.generate([{"prompt_token_ids": p}], sp, use_tqdm=False)[0].outputs[0].token_ids
+            for p, sp in zip(prompts, params)]
+    with make(tiny_llama, tiny_draft, k=rng.choice([1, 3])) as llm:
+        engine = llm.engine
+        ids, aborted, done, pending = {}, set(), {}, list(range(len(prompts)))
+        while pending or engine.has_unfinished():
+            if pending and rng.random() < 0.4:
+                i = pending.pop(0)
+                ids[engine.add_request(prompts[i], params[i])] = i
+            live = [r for r in ids if r in engine.requests]
+            if live and rng.random() < 0.15:  # abort one request, or the whole sub-batch in flight
+                drafting = in_flight_requests(engine) if engine.batches.in_flight is not None else set()
+                victims = drafting if drafting and rng.random() < 0.5 else {rng.choice(live)}
+                for request_id in victims:
+                    engine.abort(request_id)
+                aborted |= victims
+            done.update((o.request_id, o.outputs[0].token_ids) for o in engine.step() if o.finished)
+        assert aborted and done
+        for request_id, tokens in done.items():
+            assert tokens == want[ids[request_id]], ids[request_id]
+        assert set(done) | aborted == set(ids)
+        assert llm.get_metrics()["drafter_failures"] == 0
+        assert_all_free(llm)
+
+
+def test_a_request_failing_in_verification_fails_alone(tiny_llama, tiny_draft, expected, monkeypatch):
+    with make(tiny_llama, tiny_draft) as llm:
+        engine = llm.engine
+        ids = {engine.add_request(PROMPTS[i], greedy(LENGTHS[i])): i for i in range(4)}
+        bad = next(r for r, i in ids.items() if i == 2)
+        append = engine.append_tokens
+
+        def append_tokens(seq, tokens, logprobs=None):
+            if seq.request_id == bad and seq.output_token_ids:  # after its prefill: in a verification
+                raise RuntimeError("this request's own failure")
+            append(seq, tokens, logprobs)
+
+        monkeypatch.setattr(engine, "append_tokens", append_tokens)
+        done = {}
+        while engine.has_unfinished():
+            done.update((o.request_id, o.outputs[0]) for o in engine.step() if o.finished)
+        assert done[bad].finish_reason == "error"
+        assert {ids[r]: o.token_ids for r, o in done.items() if r != bad} == {i: expected[i] for i in (0, 1, 3)}
+        assert_all_free(llm)
+
+
+# -- the drafter process failing at start-up ----------------------------------------------------------
+
+
+def test_drafter_dying_at_start_up_falls_back(tiny_llama, tiny_draft, expected, tmp_path):
+    """A drafter whose weights cannot be loaded (config fine, weights missing) dies after joining
+    the channel: the engine runs without speculation, counted as a drafter failure."""
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    shutil.copy(tiny_draft / "config.json", draft / "config.json")
+    with make(tiny_llama, draft) as llm:
+        assert llm.engine.proposer is None and llm.get_metrics()["drafter_failures"] == 1
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], [greedy(n) for n in LENGTHS], use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == expected
+
+
+@pytest.mark.parametrize("command", ["import sys; sys.exit(3)", "import time; time.sleep(60)"])
+def test_drafter_exiting_or_hanging_before_it_joins_falls_back(tiny_llama, tiny_draft, monkeypatch, command):
+    """A drafter process that exits at once is noticed at once; one that hangs, after the start-up
+    timeout. Either way the engine starts without speculation."""
+    popen = subprocess.Popen
+    monkeypatch.setattr(remote.subprocess, "Popen", lambda _: popen([sys.executable, "-c", command]))
+    monkeypatch.setattr(remote, "READY_TIMEOUT_S", 3.0)
+    start = time.monotonic()
+    with make(tiny_llama, tiny_draft) as llm:
+        assert llm.engine.proposer is None and llm.get_metrics()["drafter_failures"] == 1
+        out = llm.generate([{"prompt_token_ids": PROMPTS[0]}], greedy(5), use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) == 5
+    assert time.monotonic() - start < 20
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_closing_restores_affinity_and_threads(tiny_llama, tiny_draft):
+    before = os.sched_getaffinity(0), torch.get_num_threads()
+    llm = make(tiny_llama, tiny_draft, target_cpus=[0], draft_cpus=[1])
+    assert os.sched_getaffinity(0) == {0} and torch.get_num_threads() == 1  # pinned while it runs
+    llm.close()
+    assert (os.sched_getaffinity(0), torch.get_num_threads()) == before
+
+
+def test_closing_while_drafts_are_in_flight_stops_the_drafter_at_once(tiny_llama, tiny_draft):
+    llm = make(tiny_llama, tiny_draft)
+    engine = llm.engine
+    for i in range(3):
+        engine.add_request(PROMPTS[i], greedy(30))
+    while engine.batches.in_flight is None:
+        engine.step()
+    process = engine.proposer.process
+    start = time.monotonic()
+    llm.close()
+    assert process.poll() == 0 and time.monotonic() - start < 10

@@ -44,7 +44,7 @@ def test_greedy_sd_equals_ar(ar, tiny_llama, tiny_draft, k):
 
 def test_greedy_sd_stops_at_max_model_len(tiny_llama, tiny_draft):
     prompts = [{"prompt_token_ids": PROMPTS[4]}]
-    params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=33 - 20, ignore_eos=True)  # all the context leaves
     kwargs = dict(dtype="float64", max_num_seqs=2, max_model_len=33)
     ar = LLM(str(tiny_llama), **kwargs)
     sd = LLM(str(tiny_llama), **kwargs, speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 5})
