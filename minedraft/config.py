@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from minedraft.kv_cache import KVCache
+from minedraft.models.eagle3 import Eagle3Args, is_eagle3
 from minedraft.models.llama import ModelArgs
 from minedraft.models.loader import default_draft_path, read_config, resolve_model
 
@@ -35,7 +36,9 @@ def check_num_speculative_tokens(k) -> None:
 @dataclass
 class SpeculativeConfig:
     """vLLM-style `speculative_config`: {"method": "draft_model", "model": PATH | "self",
-    "num_speculative_tokens": k}, or {"method": "ngram", "prompt_lookup_min": a,
+    "num_speculative_tokens": k}, {"method": "eagle3", "model": HEAD, ...} (an EAGLE-3 head in the
+    public layout, minedraft.models.eagle3; the method is inferred from the checkpoint when not
+    given), or {"method": "ngram", "prompt_lookup_min": a,
     "prompt_lookup_max": b, "num_speculative_tokens": k} (prompt lookup, no draft model); k may be
     "auto" (minedraft.engine.draft_length picks it every step). With "tetris": true every row
     drafts k + `tetris_extra_proposals` tokens and only `tetris_capacity` drafts in all (0: k per
@@ -52,7 +55,7 @@ class SpeculativeConfig:
     """
 
     num_speculative_tokens: int | str  # or "auto"
-    method: str = "draft_model"
+    method: str | None = None  # None: "eagle3" if `model` is an EAGLE-3 head, else "draft_model"
     model: str | None = None
     parallel: bool = False
     draft_device: str | None = None
@@ -134,8 +137,8 @@ class SpeculativeConfig:
     def validate(self, target: "EngineConfig") -> None:
         check_num_speculative_tokens(self.num_speculative_tokens)
         self._validate_tetris()
-        if self.method not in ("draft_model", "ngram"):
-            raise ValueError(f"speculative_config method must be 'draft_model' or 'ngram', got {self.method!r}")
+        if self.method not in (None, "draft_model", "eagle3", "ngram"):
+            raise ValueError(f"speculative_config method must be 'draft_model', 'eagle3' or 'ngram', got {self.method!r}")
         if self.method == "ngram":
             self._validate_ngram()
             return
@@ -152,18 +155,31 @@ class SpeculativeConfig:
             self.model_path = default_draft_path(target.model_path)
         else:
             self.model_path = target.model_path if self.model == "self" else resolve_model(self.model)
-        draft = ModelArgs.from_hf(read_config(self.model_path))
-        draft_vocab = draft.vocab_size
+        config = read_config(self.model_path)
+        eagle3 = is_eagle3(config)
+        if self.method is None:
+            self.method = "eagle3" if eagle3 else "draft_model"
+        if eagle3 != (self.method == "eagle3"):
+            raise ValueError(f"speculative_config model {str(self.model_path)!r} is "
+                             f"{'an EAGLE-3 head' if eagle3 else 'not an EAGLE-3 head'}: method {self.method!r} does not fit")
+        draft = Eagle3Args.from_hf(config).layer if eagle3 else ModelArgs.from_hf(config)
+        t = target.model_args
         if draft.max_position_embeddings < target.max_model_len:
             raise ValueError(
                 f"draft model max_position_embeddings {draft.max_position_embeddings} is below "
                 f"max_model_len {target.max_model_len}"
             )
-        if draft_vocab != target.model_args.vocab_size:
+        if draft.vocab_size != t.vocab_size:
             raise ValueError(
-                f"draft model vocabulary ({draft_vocab} tokens) does not match the target's "
-                f"({target.model_args.vocab_size}); speculative decoding needs the same tokenizer"
+                f"draft model vocabulary ({draft.vocab_size} tokens) does not match the target's "
+                f"({t.vocab_size}); speculative decoding needs the same tokenizer"
             )
+        if eagle3:
+            head = Eagle3Args.from_hf(config)
+            if head.target_hidden_size != t.hidden_size:
+                raise ValueError(f"EAGLE-3 head {str(self.model_path)!r} reads hidden states of width "
+                                 f"{head.target_hidden_size}; the target's are {t.hidden_size}")
+            head.aux_layers(t.num_layers)  # raises if the layers do not fit the target
 
 
 @dataclass

@@ -4,6 +4,7 @@ context (summaries, answers from a passage, code edits)."""
 
 import torch
 
+from minedraft.drafters.base import Proposer
 from minedraft.engine.sequence import Sequence
 
 
@@ -18,7 +19,7 @@ def lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
     return []
 
 
-class NgramProposer:
+class NgramProposer(Proposer):
     def __init__(self, min_n: int, max_n: int, vocab_size: int, dtype: torch.dtype):
         self.min_n, self.max_n, self.vocab_size, self.dtype = min_n, max_n, vocab_size, dtype
 
