@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minedraft.drafters.base import Proposer
 from minedraft.drafters.transport import ENGINE, Channel, DrafterError
 from minedraft.engine.sequence import Sequence
 
@@ -69,11 +70,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class RemoteDrafter:
+class RemoteDrafter(Proposer):
     """Engine-side handle on the drafter process: submit a sub-batch, later collect its drafts."""
 
-    def __init__(self, args: WorkerArgs, timeout_s: float):
+    def __init__(self, args: WorkerArgs, timeout_s: float, aux_layers: tuple[int, ...] = ()):
         self.timeout_s = timeout_s
+        self.aux_layers = aux_layers  # an EAGLE-3 head's: the target's states travel with the tokens
+        self.states: dict[int, tuple[int, list[torch.Tensor]]] = {}  # seq_id -> (first position, not yet sent)
         # A fresh interpreter (not multiprocessing's spawn) so the user's __main__ is never re-run;
         # the same command could start the drafter on another host.
         command = [sys.executable, "-m", "minedraft.drafters.worker", json.dumps(dataclasses.asdict(args))]
@@ -103,13 +106,17 @@ class RemoteDrafter:
     def submit(self, seqs: list[Sequence], num_tokens: list[int], capacity: int | None = None) -> None:
         """Start drafting for `seqs` (TETRIS: keeping `capacity` drafts in all); the drafter seeds
         seeded requests' generators the same way."""
-        items = []
+        items, states = [], []
         for seq, k in zip(seqs, num_tokens):
             gen_seed = None if seq.params.seed is None else drafter_seed(seq.params.seed, seq.index)
             known = self.known.get(seq.seq_id, 0)
-            items.append([seq.seq_id, seq.tokens_from(known), k, seq.params.as_dict(), gen_seed])
+            start, held = self.states.pop(seq.seq_id, (None, []))
+            states += held
+            items.append([seq.seq_id, seq.tokens_from(known), k, seq.params.as_dict(), gen_seed,
+                          None if start is None else [start, sum(len(h) for h in held)]])
             self.known[seq.seq_id] = len(seq)
-        self._send({"op": "draft", "release": self.released, "seqs": items, "capacity": capacity})
+        self._send({"op": "draft", "release": self.released, "seqs": items, "capacity": capacity},
+                   [torch.cat(states)] if states else [])
         self.released = []
         self.in_flight = seqs
 
@@ -124,11 +131,20 @@ class RemoteDrafter:
                 raise ValueError(f"{len(drafts)} drafts for {len(seqs)} sequences, or not token ids")
             sizes = [len(d) for s, d in zip(seqs, drafts) if d and not s.params.greedy]
             rows = iter(tensors[0].split(sizes) if sizes else ())
-            return {seq.seq_id: (d, next(rows) if d and not seq.params.greedy else None) for seq, d in zip(seqs, drafts)}
+            return {seq.seq_id: (d, next(rows) if d and not seq.params.greedy else None)
+                    for seq, d in zip(seqs, drafts)}
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError, StopIteration) as e:
             raise DrafterError(f"malformed drafts from the drafter: {e!r}") from None
 
+    def accept_states(self, seq: Sequence, start: int, states: torch.Tensor) -> None:
+        """Kept until the sequence's next draft request, which carries them."""
+        if seq.seq_id in self.states:
+            self.states[seq.seq_id][1].append(states)
+        elif len(states):
+            self.states[seq.seq_id] = (start, [states])
+
     def release(self, seq: Sequence) -> None:
+        self.states.pop(seq.seq_id, None)
         if self.known.pop(seq.seq_id, None) is not None:
             self.released.append(seq.seq_id)
 
@@ -159,9 +175,9 @@ class RemoteDrafter:
                 self.process.kill()
                 self.process.wait()
 
-    def _send(self, header: dict) -> None:
+    def _send(self, header: dict, tensors: list[torch.Tensor] = ()) -> None:
         self._check_alive()
-        self.channel.send(header)
+        self.channel.send(header, tensors)
 
     def _recv(self) -> tuple[dict, list[torch.Tensor]]:
         self._check_alive()

@@ -1,7 +1,8 @@
 """The drafter process: `python -m minedraft.drafters.worker ARGS_JSON`, started by RemoteDrafter.
 
-It keeps a mirror of each sequence's verified tokens (sent by the engine a few at a time) and a
-DraftModelProposer over its own KV cache, and answers draft requests until told to stop.
+It keeps a mirror of each sequence's verified tokens (sent by the engine a few at a time), and for
+an EAGLE-3 head the target's states of them, and a proposer over its own KV cache, and answers
+draft requests until told to stop.
 """
 
 import ctypes
@@ -14,10 +15,13 @@ from pathlib import Path
 import torch
 
 from minedraft.config import DTYPES
+from minedraft.drafters.base import Proposer
 from minedraft.drafters.draft_model import DraftModelProposer
+from minedraft.drafters.eagle3 import Eagle3Proposer
 from minedraft.drafters.remote import WorkerArgs, pin
 from minedraft.drafters.transport import DRAFTER, Channel
 from minedraft.engine.sequence import Sequence
+from minedraft.models.eagle3 import is_eagle3, load_eagle3
 from minedraft.models.llama import ModelArgs
 from minedraft.models.loader import load_model, read_config, read_embedding
 from minedraft.sampling import SamplingParams, make_generator
@@ -29,21 +33,30 @@ def die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
+def make_proposer(args: WorkerArgs, device: torch.device, dtype: torch.dtype) -> Proposer:
+    """A draft model, or an EAGLE-3 head (both may read the target's input embedding)."""
+    draft_path, target_path = Path(args.model_path), Path(args.target_path)
+    config = read_config(draft_path)
+    if is_eagle3(config):
+        head = load_eagle3(draft_path, dtype, device, read_embedding(target_path))
+        target_layers = read_config(target_path)["num_hidden_layers"]
+        return Eagle3Proposer(head, target_layers, args.num_slots, args.max_len, dtype, device)
+    embedding = read_embedding(target_path) if ModelArgs.from_hf(config).shared_embedding else None
+    return DraftModelProposer(load_model(draft_path, dtype, device, embedding), args.num_slots, args.max_len,
+                              dtype, device)
+
+
 def worker_main(args: WorkerArgs) -> None:
     die_with_parent()
     pin(args.cpus)
     channel = Channel(args.init_method, DRAFTER, timeout_s=24 * 3600)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    draft_path = Path(args.model_path)
-    shared = ModelArgs.from_hf(read_config(draft_path)).shared_embedding
-    embedding = read_embedding(Path(args.target_path)) if shared else None
-    proposer = DraftModelProposer(load_model(draft_path, dtype, device, embedding), args.num_slots,
-                                  args.max_len, dtype, device)
+    proposer = make_proposer(args, device, dtype)
     mirrors: dict[int, Sequence] = {}
     default_gen = make_generator(args.seed)
     channel.send({"ready": True})
     while True:
-        header, _ = channel.recv()
+        header, tensors = channel.recv()
         for seq_id in header.get("release", ()):
             if seq_id in mirrors:
                 proposer.release(mirrors.pop(seq_id))
@@ -55,12 +68,15 @@ def worker_main(args: WorkerArgs) -> None:
         elif op == "draft":
             start = time.time()
             seqs, num_tokens, gens = [], [], []
-            for seq_id, new_tokens, k, params, gen_seed in header["seqs"]:
+            states = iter(tensors[0].split([span[1] for *_, span in header["seqs"] if span]) if tensors else ())
+            for seq_id, new_tokens, k, params, gen_seed, state_span in header["seqs"]:
                 seq = mirrors.get(seq_id)
                 if seq is None:
                     gen = None if gen_seed is None else make_generator(gen_seed)
                     seq = mirrors[seq_id] = Sequence(seq_id, "", 0, None, [], SamplingParams(**params), gen, None)
                 seq.output_token_ids += new_tokens
+                if state_span is not None:  # the target's states of this sequence's newest positions
+                    proposer.accept_states(seq, state_span[0], next(states))
                 seqs.append(seq)
                 num_tokens.append(k)
                 gens.append(None if seq.params.greedy else seq.generator or default_gen)

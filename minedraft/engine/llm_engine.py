@@ -9,6 +9,8 @@ import torch
 
 from minedraft.config import EngineConfig, check_num_speculative_tokens
 from minedraft.drafters import DraftModelProposer, NgramProposer
+from minedraft.drafters.base import Proposer
+from minedraft.drafters.eagle3 import Eagle3Proposer
 from minedraft.drafters.remote import (RemoteDrafter, WorkerArgs, cpu_settings, free_port, pin,
                                        restore_cpu_settings)
 from minedraft.drafters.transport import DrafterError
@@ -20,7 +22,8 @@ from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.engine.scheduler import Scheduler
 from minedraft.engine.sequence import RequestOutput, Sequence, Status
 from minedraft.models.llama import Decoder
-from minedraft.models.loader import eos_token_ids, load_model, load_tokenizer
+from minedraft.models.eagle3 import Eagle3Args, load_eagle3
+from minedraft.models.loader import eos_token_ids, load_model, load_tokenizer, read_config
 from minedraft.sampling import (SamplingParams, make_generator, probabilities, rejection_sample, sample,
                                 top_logprobs)
 
@@ -59,11 +62,14 @@ class LLMEngine:
         self._ids = itertools.count()
         self._seq_ids = itertools.count()
 
-    def _make_proposer(self, target: Decoder) -> DraftModelProposer | NgramProposer | RemoteDrafter:
+    def _make_proposer(self, target: Decoder) -> Proposer:
         c, spec, device = self.config, self.config.speculative, torch.device(self.config.device)
         if spec.method == "ngram":
             return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, target.args.vocab_size,
                                  c.torch_dtype)
+        if not spec.remote and spec.method == "eagle3":
+            head = load_eagle3(spec.model_path, c.torch_dtype, device, target.input_embedding)
+            return Eagle3Proposer(head, target.args.num_layers, c.num_slots, c.max_model_len, c.torch_dtype, device)
         if not spec.remote:
             draft = target if spec.model == "self" else load_model(spec.model_path, c.torch_dtype, device,
                                                                    embedding=target.input_embedding)
@@ -72,7 +78,10 @@ class LLMEngine:
         address = spec.rendezvous or f"tcp://127.0.0.1:{free_port()}"
         args = WorkerArgs(str(spec.model_path), str(c.model_path), c.dtype, spec.draft_device, c.num_slots,
                           c.max_model_len, spec.draft_cpus, address, c.seed + 1)
-        return RemoteDrafter(args, spec.draft_timeout_s)
+        aux_layers = ()
+        if spec.method == "eagle3":
+            aux_layers = Eagle3Args.from_hf(read_config(spec.model_path)).aux_layers(target.args.num_layers)
+        return RemoteDrafter(args, spec.draft_timeout_s, aux_layers)
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -255,13 +264,31 @@ class LLMEngine:
         """A prefill or plain decode step (`kind`, as the trace names it): one target token per sequence."""
         start = time.time()
         lengths = self.runner.cache.lengths
-        logits = self.runner.forward([Row(s.slot, s.tokens_from(lengths[s.slot])) for s in seqs])
+        logits, states = self._run_target(seqs, [Row(s.slot, s.tokens_from(lengths[s.slot])) for s in seqs])
         probs = probabilities(logits, [s.params for s in seqs])
         tokens = sample(probs, [self._sampling_generator(s) for s in seqs])
         for i, (seq, token) in enumerate(zip(seqs, tokens)):
             with self._isolated(seq):
                 self.append_tokens(seq, [token], self._logprobs(seq, logits[i : i + 1], [token]))
+        self._hand_states(seqs, states)
         self._event(kind, -1, len(seqs), start, time.time())
+
+    def _run_target(self, seqs: list[Sequence], rows: list[Row]) -> tuple[torch.Tensor, list | None]:
+        """The target's pass over one row per sequence. With a proposer that reads the target's
+        states (EAGLE-3), also [(first position, states of the row's tokens)] per row."""
+        layers = () if self.proposer is None else self.proposer.aux_layers
+        starts = [self.runner.cache.lengths[s.slot] for s in seqs]
+        logits, states = self.runner.run(rows, aux_layers=layers)
+        return logits, None if states is None else list(zip(starts, states.split([len(r.tokens) for r in rows])))
+
+    def _hand_states(self, seqs: list[Sequence], states: list | None) -> None:
+        """Give the proposer the target's states of the tokens each sequence keeps (rejected
+        drafts' states are not its own), once its new tokens are appended."""
+        if states is None or self.proposer is None:
+            return
+        for seq, (start, rows) in zip(seqs, states):
+            if seq.status != Status.FINISHED:
+                self.proposer.accept_states(seq, start, rows[: max(0, len(seq) - 1 - start)])
 
     def _draft_len(self, seq: Sequence) -> int:
         """Drafts to make: k (plus TETRIS's extra proposals), less near the end: a round emits at
@@ -346,7 +373,7 @@ class LLMEngine:
         gens = [self._sampling_generator(s) for s in seqs]
         cache = self.runner.cache
         rows = [Row(s.slot, s.tokens_from(cache.lengths[s.slot]) + d, len(d) + 1) for s, d in zip(seqs, drafts)]
-        logits = self.runner.forward(rows)
+        logits, states = self._run_target(seqs, rows)
         drafted = [len(d) for d in drafts]
         sizes = [n + 1 for n in drafted]
         params = [s.params for s, n in zip(seqs, sizes) for _ in range(n)]
@@ -361,6 +388,7 @@ class LLMEngine:
                 self.append_tokens(seq, tokens, self._logprobs(seq, row_logits[: len(tokens)], tokens))
                 if seq.status != Status.FINISHED:  # drop the target's KV entries of rejected drafts
                     cache.truncate(seq.slot, len(seq) - 1)
+        self._hand_states(seqs, states)
         end = time.time()
         if self.draft_length is not None:
             self.draft_length.observe_verify(end - start, max(drafted), list(zip(drafted, accepted)))
