@@ -91,115 +91,125 @@ def cmd_train_draft(args: argparse.Namespace) -> None:
     run(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="minedraft", description="MineDraft: batch parallel speculative decoding")
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="complete one prompt and print the completion")
+    add_engine_args(p)
+    add_speculative_arg(p)
+    p.add_argument("--prompt", required=True, help="the prompt text")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stats", action="store_true", help="print speculative-decoding metrics to stderr")
+    p.set_defaults(func=cmd_generate)
 
-    gen = sub.add_parser("generate", help="complete one prompt and print the completion")
-    add_engine_args(gen)
-    add_speculative_arg(gen)
-    gen.add_argument("--prompt", required=True, help="the prompt text")
-    gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
-    gen.add_argument("--max-tokens", type=int, default=128)
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=-1)
-    gen.add_argument("--seed", type=int, default=None)
-    gen.add_argument("--stats", action="store_true", help="print speculative-decoding metrics to stderr")
-    gen.set_defaults(func=cmd_generate)
 
-    srv = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
-    add_engine_args(srv)
-    add_speculative_arg(srv)
-    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    srv.add_argument("--port", type=int, default=8000)
-    srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ routes")
-    srv.add_argument("--max-num-seqs", type=int, default=16, help="requests in flight")
-    srv.add_argument("--max-queue", type=int, default=256, help="waiting requests before answering 503")
-    srv.add_argument("--served-model-name", default=None, help="the model id clients use (default: folder name)")
-    srv.set_defaults(func=cmd_serve)
+def add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    add_engine_args(p)
+    add_speculative_arg(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ routes")
+    p.add_argument("--max-num-seqs", type=int, default=16, help="requests in flight")
+    p.add_argument("--max-queue", type=int, default=256, help="waiting requests before answering 503")
+    p.add_argument("--served-model-name", default=None, help="the model id clients use (default: folder name)")
+    p.set_defaults(func=cmd_serve)
 
-    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    dec = bench.add_parser("decode", help="decode step time and throughput against transformers")
-    add_engine_args(dec)
-    dec.add_argument("--batch-sizes", default="1,8", help="comma-separated batch sizes")
-    dec.add_argument("--context", type=int, default=128, help="prompt tokens before decoding")
-    dec.add_argument("--output-len", type=int, default=64, help="tokens generated per request")
-    dec.add_argument("--steps", type=int, default=20, help="decode steps timed per repeat")
-    dec.add_argument("--repeats", type=int, default=3, help="interleaved repetitions; medians are reported")
-    dec.add_argument("--output-json", default=None, help="write every figure to this file")
-    dec.set_defaults(func=cmd_bench_decode)
 
-    off = bench.add_parser("offline", help="ar / sd / psd throughput and latency, interleaved in one run")
-    off.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M-Instruct)")
-    off.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
-    off.add_argument("--draft-model", default=None, help="draft checkpoint folder or 'self' (default: the bundled drafter)")
-    off.add_argument("--speculative-config", default=None,
+def add_bench_decode(bench: argparse._SubParsersAction) -> None:
+    p = bench.add_parser("decode", help="decode step time and throughput against transformers")
+    add_engine_args(p)
+    p.add_argument("--batch-sizes", default="1,8", help="comma-separated batch sizes")
+    p.add_argument("--context", type=int, default=128, help="prompt tokens before decoding")
+    p.add_argument("--output-len", type=int, default=64, help="tokens generated per request")
+    p.add_argument("--steps", type=int, default=20, help="decode steps timed per repeat")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved repetitions; medians are reported")
+    p.add_argument("--output-json", default=None, help="write every figure to this file")
+    p.set_defaults(func=cmd_bench_decode)
+
+
+def add_bench_offline(bench: argparse._SubParsersAction) -> None:
+    p = bench.add_parser("offline", help="ar / sd / psd throughput and latency, interleaved in one run")
+    p.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    p.add_argument("--draft-model", default=None, help="draft checkpoint folder or 'self' (default: the bundled drafter)")
+    p.add_argument("--speculative-config", default=None,
                      help='JSON every speculative mode shares, e.g. \'{"method": "ngram"}\' (placement and k come '
                           'from --modes and --num-speculative-tokens)')
-    off.add_argument("--modes", default="ar,sd,sd-remote,psd,sd-2t",
+    p.add_argument("--modes", default="ar,sd,sd-remote,psd,sd-2t",
                      help="comma-separated: ar,sd,sd-remote,psd,sd-2t,sd-tetris,psd-tetris,hf (-tetris: with TETRIS "
                           "selection; hf: transformers' assisted generation)")
-    off.add_argument("--num-speculative-tokens", default="1,2,3,4,5", help="comma-separated k values")
-    off.add_argument("--concurrency", default="8,16", help="comma-separated numbers of requests in flight")
-    off.add_argument("--dataset", default=None, help="Spec-Bench / prompt jsonl, ShareGPT json or text; default: built-in")
-    off.add_argument("--num-prompts", type=int, default=32)
-    off.add_argument("--output-len", type=int, default=64)
-    off.add_argument("--ignore-eos", action="store_true", help="always generate --output-len tokens")
-    off.add_argument("--temperature", type=float, default=0.0)
-    off.add_argument("--max-model-len", type=int, default=1024)
-    off.add_argument("--repeats", type=int, default=1, help="interleaved repetitions; medians are reported")
-    off.add_argument("--output-json", default=None)
-    off.add_argument("--plot-dir", default=None,
+    p.add_argument("--num-speculative-tokens", default="1,2,3,4,5", help="comma-separated k values")
+    p.add_argument("--concurrency", default="8,16", help="comma-separated numbers of requests in flight")
+    p.add_argument("--dataset", default=None, help="Spec-Bench / prompt jsonl, ShareGPT json or text; default: built-in")
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --output-len tokens")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--repeats", type=int, default=1, help="interleaved repetitions; medians are reported")
+    p.add_argument("--output-json", default=None)
+    p.add_argument("--plot-dir", default=None,
                      help="write PNGs here: throughput against k, latency CDF, psd and sd-remote timelines")
-    off.add_argument("--seed", type=int, default=0)
-    off.set_defaults(func=cmd_bench_offline)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_bench_offline)
 
-    srv_b = bench.add_parser("serve", help="load an OpenAI-compatible server with streamed chat requests")
-    srv_b.add_argument("--base-url", default="http://127.0.0.1:8000")
-    srv_b.add_argument("--served-model", default=None, help="model id (default: the server's first)")
-    srv_b.add_argument("--api-key", default=None)
-    srv_b.add_argument("--dataset", default=None, help="Spec-Bench / prompt jsonl, ShareGPT json or text; default: built-in")
-    srv_b.add_argument("--num-prompts", type=int, default=32)
-    srv_b.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second (inf: all at once)")
-    srv_b.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most (closed loop)")
-    srv_b.add_argument("--output-len", type=int, default=64)
-    srv_b.add_argument("--temperature", type=float, default=0.0)
-    srv_b.add_argument("--ignore-eos", action="store_true")
-    srv_b.add_argument("--seed", type=int, default=0)
-    srv_b.add_argument("--output-json", default=None)
-    srv_b.set_defaults(func=cmd_bench_serve)
 
-    drf = bench.add_parser("draft", help="a drafter's acceptance per Spec-Bench task and its cost ratio c")
-    drf.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M-Instruct)")
-    drf.add_argument("--method", default=None, choices=["draft_model", "eagle3", "ngram"],
+def add_bench_serve(bench: argparse._SubParsersAction) -> None:
+    p = bench.add_parser("serve", help="load an OpenAI-compatible server with streamed chat requests")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--served-model", default=None, help="model id (default: the server's first)")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--dataset", default=None, help="Spec-Bench / prompt jsonl, ShareGPT json or text; default: built-in")
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second (inf: all at once)")
+    p.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most (closed loop)")
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-json", default=None)
+    p.set_defaults(func=cmd_bench_serve)
+
+
+def add_bench_draft(bench: argparse._SubParsersAction) -> None:
+    p = bench.add_parser("draft", help="a drafter's acceptance per Spec-Bench task and its cost ratio c")
+    p.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--method", default=None, choices=["draft_model", "eagle3", "ngram"],
                      help="default: inferred from the draft checkpoint")
-    drf.add_argument("--draft-model", default=None,
+    p.add_argument("--draft-model", default=None,
                      help="draft checkpoint folder (a draft model or an EAGLE-3 head) or 'self' (default: the bundled drafter)")
-    drf.add_argument("--dataset", default="../shared/data/spec_bench_questions.jsonl", help="Spec-Bench questions jsonl")
-    drf.add_argument("--per-task", type=int, default=20, help="prompts per Spec-Bench task")
-    drf.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
-    drf.add_argument("--output-len", type=int, default=64)
-    drf.add_argument("--temperatures", default="0,1", help="comma-separated; 0 is greedy")
-    drf.add_argument("--max-num-seqs", type=int, default=16, help="requests in flight while measuring acceptance")
-    drf.add_argument("--max-model-len", type=int, default=2048)
-    drf.add_argument("--batch-sizes", default="1,8", help="batch sizes for the cost ratio")
-    drf.add_argument("--context", type=int, default=128, help="cached tokens per row when timing steps")
-    drf.add_argument("--steps", type=int, default=20, help="decode steps timed per repeat")
-    drf.add_argument("--repeats", type=int, default=3)
-    drf.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
-    drf.add_argument("--seed", type=int, default=0)
-    drf.add_argument("--output-json", default=None)
-    drf.set_defaults(func=cmd_bench_draft)
+    p.add_argument("--dataset", default="../shared/data/spec_bench_questions.jsonl", help="Spec-Bench questions jsonl")
+    p.add_argument("--per-task", type=int, default=20, help="prompts per Spec-Bench task")
+    p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--temperatures", default="0,1", help="comma-separated; 0 is greedy")
+    p.add_argument("--max-num-seqs", type=int, default=16, help="requests in flight while measuring acceptance")
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--batch-sizes", default="1,8", help="batch sizes for the cost ratio")
+    p.add_argument("--context", type=int, default=128, help="cached tokens per row when timing steps")
+    p.add_argument("--steps", type=int, default=20, help="decode steps timed per repeat")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-json", default=None)
+    p.set_defaults(func=cmd_bench_draft)
 
-    der = sub.add_parser("derive-draft", help="write a draft checkpoint made of a target's first layers")
-    der.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M-Instruct)")
-    der.add_argument("--layers", type=int, required=True)
-    der.add_argument("--out", required=True, help="output folder")
-    der.set_defaults(func=cmd_derive_draft)
 
+def add_derive_draft(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("derive-draft", help="write a draft checkpoint made of a target's first layers")
+    p.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--layers", type=int, required=True)
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=cmd_derive_draft)
+
+
+def add_train_draft(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train-draft",
-                       help="distil a small drafter from a target (resumable; about 70 minutes on 2 cores)")
+                       help="train a drafter for a target: a small draft model or an EAGLE-3 head (resumable)")
     p.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M-Instruct)")
     p.add_argument("--out", required=True, help="work folder: data shards, checkpoints, log.jsonl")
     p.add_argument("--export", default=None, help="where to write the drafter (default: OUT/model)")
@@ -227,6 +237,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ttt-steps", type=int, default=4, help="eagle3: draft steps unrolled in training")
     p.add_argument("--max-minutes", type=float, default=None, help="eagle3: stop (checkpointed) after this long")
     p.set_defaults(func=cmd_train_draft)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="minedraft", description="MineDraft: batch parallel speculative decoding")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_generate(sub)
+    add_serve(sub)
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+    for add in (add_bench_decode, add_bench_offline, add_bench_serve, add_bench_draft):
+        add(bench)
+    add_derive_draft(sub)
+    add_train_draft(sub)
     return parser
 
 
