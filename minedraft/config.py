@@ -28,7 +28,7 @@ def check_device(name: str, value: str) -> torch.device:
 
 
 def check_num_speculative_tokens(k) -> None:
-    """An integer in 1..16, or "auto" (minedraft.engine.draft_length chooses it every step)."""
+    """An integer in 1..16, or "auto" (minedraft.spec_decode.draft_length chooses it every step)."""
     if k != "auto" and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 16):
         raise ValueError(f"num_speculative_tokens must be an integer in 1..16 or \"auto\", got {k!r}")
 
@@ -40,9 +40,9 @@ class SpeculativeConfig:
     public layout, minedraft.models.eagle3; the method is inferred from the checkpoint when not
     given), or {"method": "ngram", "prompt_lookup_min": a,
     "prompt_lookup_max": b, "num_speculative_tokens": k} (prompt lookup, no draft model); k may be
-    "auto" (minedraft.engine.draft_length picks it every step). With "tetris": true every row
+    "auto" (minedraft.spec_decode.draft_length picks it every step). With "tetris": true every row
     drafts k + `tetris_extra_proposals` tokens and only `tetris_capacity` drafts in all (0: k per
-    row) are verified, the most probable prefixes across the (sub-)batch (drafters/tetris.py). Without
+    row) are verified, the most probable prefixes across the (sub-)batch (spec_decode/tetris.py). Without
     "model" the bundled target drafts with the bundled drafter (minedraft/draft_models, made by
     `minedraft train-draft`). Where a draft model runs:
 

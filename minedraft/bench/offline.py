@@ -26,8 +26,8 @@ from minedraft.bench.hf import AssistedGeneration
 from minedraft.bench.plots import plot_latency_cdf, plot_throughput_vs_k, plot_timeline
 from minedraft.bench.stats import request_figures
 from minedraft.config import MACHINE_CPUS, EngineConfig
-from minedraft.drafters.remote import pin
-from minedraft.engine.metrics import SpecDecodeMetrics
+from minedraft.spec_decode.remote import pin
+from minedraft.spec_decode.metrics import SpecDecodeMetrics
 from minedraft.engine.sequence import RequestOutput
 from minedraft.theory import (acceptance_by_position, expected_tokens_by_position, mean_step_seconds, psd_speedup,
                               psd_speedup_equal_concurrency)

@@ -8,24 +8,20 @@ from contextlib import contextmanager
 import torch
 
 from minedraft.config import EngineConfig, check_num_speculative_tokens
-from minedraft.drafters import DraftModelProposer, NgramProposer
-from minedraft.drafters.base import Proposer
-from minedraft.drafters.eagle3 import Eagle3Proposer
-from minedraft.drafters.remote import (RemoteDrafter, WorkerArgs, cpu_settings, free_port, pin,
-                                       restore_cpu_settings)
-from minedraft.drafters.transport import DrafterError
 from minedraft.engine.batch_manager import BatchManager
-from minedraft.engine.detokenizer import Detokenizer
-from minedraft.engine.draft_length import DraftLengthController
-from minedraft.engine.metrics import SpecDecodeMetrics
+from minedraft.engine.input_processor import InputProcessor
 from minedraft.engine.model_runner import ModelRunner, Row
+from minedraft.engine.output_processor import OutputProcessor
 from minedraft.engine.scheduler import Scheduler
 from minedraft.engine.sequence import RequestOutput, Sequence, Status
-from minedraft.models.llama import Decoder
-from minedraft.models.eagle3 import Eagle3Args, load_eagle3
-from minedraft.models.loader import eos_token_ids, load_model, load_tokenizer, read_config
-from minedraft.sampling import (SamplingParams, make_generator, probabilities, rejection_sample, sample,
-                                top_logprobs)
+from minedraft.models.loader import eos_token_ids, load_model
+from minedraft.sampling import SamplingParams, make_generator, probabilities, sample
+from minedraft.spec_decode import make_proposer
+from minedraft.spec_decode.draft_length import DraftLengthController
+from minedraft.spec_decode.metrics import SpecDecodeMetrics
+from minedraft.spec_decode.rejection import rejection_sample
+from minedraft.spec_decode.remote import cpu_settings, restore_cpu_settings
+from minedraft.spec_decode.transport import DrafterError
 
 log = logging.getLogger("minedraft")
 
@@ -47,98 +43,46 @@ class LLMEngine:
         self.proposer = None
         if spec is not None:
             try:
-                self.proposer = self._make_proposer(model)
+                self.proposer = make_proposer(config, model)
             except DrafterError as e:  # a drafter that fails to start: the fallback of one that fails later
                 self._drafter_failed(e)
         self.batches = BatchManager() if self.proposer is not None and spec.parallel else None
         self.draft_length = self._controller()
         self.trace: list[dict] | None = [] if config.trace else None
         self.scheduler = Scheduler(self.runner.cache, config.max_num_batched_tokens)
-        self.tokenizer = load_tokenizer(config.model_path)
-        self.detokenizer = Detokenizer(self.tokenizer)
-        self.eos_token_ids = eos_token_ids(config.model_path, self.tokenizer)
+        self.inputs = InputProcessor(config)
+        self.tokenizer = self.inputs.tokenizer
+        self.output = OutputProcessor(self.tokenizer, eos_token_ids(config.model_path, self.tokenizer),
+                                      config.max_model_len)
         self.generator = make_generator(config.seed)
         self.requests: dict[str, list[Sequence]] = {}
         self._ids = itertools.count()
         self._seq_ids = itertools.count()
 
-    def _make_proposer(self, target: Decoder) -> Proposer:
-        c, spec, device = self.config, self.config.speculative, torch.device(self.config.device)
-        if spec.method == "ngram":
-            return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max, target.args.vocab_size,
-                                 c.torch_dtype)
-        if not spec.remote and spec.method == "eagle3":
-            head = load_eagle3(spec.model_path, c.torch_dtype, device, target.input_embedding)
-            return Eagle3Proposer(head, target.args.num_layers, c.num_slots, c.max_model_len, c.torch_dtype, device)
-        if not spec.remote:
-            draft = target if spec.model == "self" else load_model(spec.model_path, c.torch_dtype, device,
-                                                                   embedding=target.input_embedding)
-            return DraftModelProposer(draft, c.num_slots, c.max_model_len, c.torch_dtype, device)
-        pin(tuple(spec.target_cpus) if spec.target_cpus else None)
-        address = spec.rendezvous or f"tcp://127.0.0.1:{free_port()}"
-        args = WorkerArgs(str(spec.model_path), str(c.model_path), c.dtype, spec.draft_device, c.num_slots,
-                          c.max_model_len, spec.draft_cpus, address, c.seed + 1)
-        aux_layers = ()
-        if spec.method == "eagle3":
-            aux_layers = Eagle3Args.from_hf(read_config(spec.model_path)).aux_layers(target.args.num_layers)
-        return RemoteDrafter(args, spec.draft_timeout_s, aux_layers)
-
     # -- requests ---------------------------------------------------------------------------------
 
     def encode(self, prompt: str) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError(f"prompt must be token ids: model {str(self.config.model_path)!r} has no tokenizer")
-        return self.tokenizer.encode(prompt, add_special_tokens=True)
+        return self.inputs.encode(prompt)
 
     def apply_chat_template(self, messages: list[dict]) -> str:
-        if self.tokenizer is None or not self.tokenizer.chat_template:
-            raise ValueError(f"model {str(self.config.model_path)!r} has no chat template")
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.inputs.apply_chat_template(messages)
 
     def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
-        """Token ids of a prompt (text or ids), checked against the vocabulary and max_model_len."""
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt is empty")
-            try:
-                prompt.encode()
-            except UnicodeEncodeError:  # the tokenizer would raise a TypeError
-                raise ValueError("prompt is not valid Unicode: it holds a lone surrogate") from None
-            token_ids = self.encode(prompt)
-        elif isinstance(prompt, (list, tuple)):
-            token_ids = list(prompt)
-        else:
-            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-        if not token_ids:
-            raise ValueError("prompt is empty")
-        vocab = self.config.model_args.vocab_size
-        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in token_ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
-        limit = self.config.max_model_len - 1
-        if len(token_ids) > limit:
-            raise ValueError(f"prompt has {len(token_ids)} tokens, more than max_model_len - 1 = {limit}")
-        return token_ids
+        return self.inputs.tokenize_prompt(prompt)
 
     def add_request(
         self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
     ) -> str:
         """Queue a prompt (text or token ids); returns its request id. Bad input raises ValueError
         naming the field, and then nothing is queued: a request enters with all n sequences or none."""
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-        params.validate()  # again: fields may have been changed since construction
-        token_ids = self.tokenize_prompt(prompt)
-        room = self.config.max_model_len - len(token_ids)
-        if params.max_tokens > room:
-            raise ValueError(f"max_tokens {params.max_tokens} is more than the context leaves: max_model_len "
-                             f"{self.config.max_model_len} - {len(token_ids)} prompt tokens = {room}")
+        token_ids = self.inputs.process(prompt, params)
         text = prompt if isinstance(prompt, str) else None
         request_id = str(next(self._ids)) if request_id is None else request_id
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         seqs = [Sequence(next(self._seq_ids), request_id, i, text, token_ids, params,
                          None if params.seed is None else make_generator(params.seed + i),
-                         self.detokenizer.start(len(token_ids)), logprobs=None if params.logprobs is None else [])
+                         self.output.detokenizer.start(len(token_ids)), logprobs=None if params.logprobs is None else [])
                 for i in range(params.n)]
         for seq in seqs:
             self.scheduler.add(seq)
@@ -149,13 +93,11 @@ class LLMEngine:
         """Free KV slots of the target and of a draft model (None: there is none, or the drafter
         process is busy drafting)."""
         drafter = None
-        if isinstance(self.proposer, RemoteDrafter) and self.proposer.in_flight is None:
+        if self.proposer is not None:
             try:
-                drafter = self.proposer.stats()["free_slots"]
+                drafter = self.proposer.free_slots()
             except DrafterError as e:
                 self._drafter_failed(e)
-        elif isinstance(self.proposer, DraftModelProposer):
-            drafter = self.proposer.runner.cache.num_free
         return {"target": self.runner.cache.num_free, "drafter": drafter, "num_slots": self.config.num_slots}
 
     def abort(self, request_id: str) -> None:
@@ -187,7 +129,7 @@ class LLMEngine:
 
     def close(self) -> None:
         """Stop the drafter process, if there is one, and give back the CPU settings pinning took."""
-        if isinstance(self.proposer, RemoteDrafter):
+        if self.proposer is not None:
             self.proposer.close()
         self.proposer = None
         if self.cpu_settings is not None:  # once: a later engine may have pinned them again
@@ -221,13 +163,13 @@ class LLMEngine:
             for seq in seqs:
                 self._finish(seq, "error")
         self._release_drafter_slots()
-        return self._outputs(seqs)
+        return self.output.request_outputs(self.requests, seqs)
 
     def _release_drafter_slots(self) -> None:
         """Send the drafter the slots of finished sequences now if it is idle. In psd, drafts in
         flight for a sub-batch whose every sequence has gone (aborted) are taken and dropped first,
         so the drafter frees their slots without waiting for another request."""
-        if not isinstance(self.proposer, RemoteDrafter):
+        if self.proposer is None:
             return
         try:
             if self.batches is not None and self.batches.in_flight is not None \
@@ -269,7 +211,7 @@ class LLMEngine:
         tokens = sample(probs, [self._sampling_generator(s) for s in seqs])
         for i, (seq, token) in enumerate(zip(seqs, tokens)):
             with self._isolated(seq):
-                self.append_tokens(seq, [token], self._logprobs(seq, logits[i : i + 1], [token]))
+                self.append_tokens(seq, [token], self.output.logprobs(seq, logits[i : i + 1], [token]))
         self._hand_states(seqs, states)
         self._event(kind, -1, len(seqs), start, time.time())
 
@@ -385,7 +327,7 @@ class LLMEngine:
                 tokens = rejection_sample(p, q, d, gen)
                 accepted[i] = len(tokens) - 1
                 self.spec_metrics.observe(len(d), len(tokens) - 1)
-                self.append_tokens(seq, tokens, self._logprobs(seq, row_logits[: len(tokens)], tokens))
+                self.append_tokens(seq, tokens, self.output.logprobs(seq, row_logits[: len(tokens)], tokens))
                 if seq.status != Status.FINISHED:  # drop the target's KV entries of rejected drafts
                     cache.truncate(seq.slot, len(seq) - 1)
         self._hand_states(seqs, states)
@@ -400,49 +342,8 @@ class LLMEngine:
         if self.trace is not None:
             self.trace.append({"kind": kind, "group": group, "size": size, "start": start, "end": end, **extra})
 
-    @staticmethod
-    def _logprobs(seq: Sequence, logits: torch.Tensor, tokens: list[int]) -> list[dict[int, float]] | None:
-        """Log-probabilities for the tokens a sequence is about to append, if it asked for them."""
-        n = seq.params.logprobs
-        return None if n is None else top_logprobs(logits, tokens, n)
-
     def append_tokens(self, seq: Sequence, tokens: list[int], logprobs: list[dict[int, float]] | None = None) -> None:
-        """Append generated tokens one by one, stopping (and freeing the slot) at the first stop."""
-        if seq.first_token_time is None:
-            seq.first_token_time = time.perf_counter()
-        for i, token in enumerate(tokens):
-            seq.output_token_ids.append(token)
-            if logprobs is not None:
-                seq.logprobs.append(logprobs[i])
-            reason = self._stop_reason(seq, token)
-            if reason is not None:
-                self._finish(seq, reason)
-                return
-
-    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
-        params = seq.params
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
-            return "stop"
-        delta = self.detokenizer.step(seq.decode_state, seq.tokens_from(seq.decode_state.prefix_offset))
-        if delta:
-            seq.text += delta
-            if params.stop_strings:
-                window = len(delta) + max(len(s) for s in params.stop_strings)
-                tail_start = max(len(seq.text) - window, 0)
-                hits = [i for s in params.stop_strings if (i := seq.text.find(s, tail_start)) != -1]
-                if hits:
-                    seq.text = seq.text[: min(hits)]
-                    return "stop"
-        if len(seq.output_token_ids) >= params.max_tokens or len(seq) >= self.config.max_model_len:
-            return "length"
-        return None
-
-    def _outputs(self, seqs: list[Sequence]) -> list[RequestOutput]:
-        outputs = []
-        for request_id in dict.fromkeys(s.request_id for s in seqs):
-            group = self.requests[request_id]
-            out = RequestOutput.from_sequences(group)
-            if out.finished:
-                del self.requests[request_id]
-            outputs.append(out)
-        return outputs
+        """Append generated tokens, finishing the sequence (and freeing its slot) at the first stop."""
+        reason = self.output.append(seq, tokens, logprobs)
+        if reason is not None:
+            self._finish(seq, reason)

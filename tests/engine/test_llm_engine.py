@@ -59,7 +59,7 @@ def test_stop_token_ids_and_eos(llm):
     out = llm.generate(as_prompts([PROMPTS[0]]), SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop_at]),
                        use_tqdm=False)[0].outputs[0]
     assert out.token_ids == free[: first + 1] and out.finish_reason == "stop"
-    llm.engine.eos_token_ids = {stop_at}
+    llm.engine.output.eos_token_ids = {stop_at}
     try:
         out = llm.generate(as_prompts([PROMPTS[0]]), SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)
         assert out[0].outputs[0].token_ids == free[: first + 1]
@@ -67,7 +67,7 @@ def test_stop_token_ids_and_eos(llm):
                            use_tqdm=False)
         assert out[0].outputs[0].token_ids == free
     finally:
-        llm.engine.eos_token_ids = set()
+        llm.engine.output.eos_token_ids = set()
 
 
 def test_max_tokens_may_fill_the_context_but_not_more(tiny_llama):
@@ -163,14 +163,14 @@ def test_a_request_failing_on_its_own_fails_alone(llm, monkeypatch):
     good, bad = (engine.add_request(p, SamplingParams(n=n, temperature=0, max_tokens=10, ignore_eos=True))
                  for p, n in zip(PROMPTS[:2], (1, 2)))
     state = engine.requests[bad][1].decode_state  # the second of its two completions
-    step = engine.detokenizer.step
+    step = engine.output.detokenizer.step
 
     def failing_step(s, tail):
         if s is state and len(tail) > 6:
             raise RuntimeError("this completion's own failure")
         return step(s, tail)
 
-    monkeypatch.setattr(engine.detokenizer, "step", failing_step)
+    monkeypatch.setattr(engine.output.detokenizer, "step", failing_step)
     done = run_all(engine)
     assert done[good][0].token_ids == want[0]
     assert done[bad][0].token_ids == want[1] and done[bad][1].finish_reason == "error"
@@ -186,14 +186,14 @@ def test_a_failed_step_fails_only_its_sequences(llm, monkeypatch):
     running = engine.add_request(PROMPTS[0], params)
     engine.step()
     late = engine.add_request(PROMPTS[2], params)
-    forward = engine.runner.forward
+    run = engine.runner.run
 
-    def failing_forward(rows):
+    def failing_run(rows, **inputs):
         if any(len(r.tokens) == len(PROMPTS[2]) for r in rows):  # the late request's prefill
             raise RuntimeError("out of memory, say")
-        return forward(rows)
+        return run(rows, **inputs)
 
-    monkeypatch.setattr(engine.runner, "forward", failing_forward)
+    monkeypatch.setattr(engine.runner, "run", failing_run)
     done = run_all(engine)
     assert done[late][0].finish_reason == "error" and done[running][0].token_ids == want[0]
     assert engine.runner.cache.num_free == 4 and not engine.requests

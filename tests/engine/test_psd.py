@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from minedraft import LLM, SamplingParams
-from minedraft.drafters import remote
+from minedraft.spec_decode import remote
 
 PROMPTS = [[5, 17, 3, 44, 9, 2, 61], [8], [90, 12, 33, 33, 1, 7, 7, 7, 70, 4, 11, 2, 3], [40, 41], [66] * 20,
            [3, 1, 4, 1, 5, 9, 2, 6]]

@@ -5,7 +5,7 @@ import torch
 
 from conftest import save_distilled_draft, save_tiny_checkpoint
 from minedraft import LLM, SamplingParams
-from minedraft.engine.metrics import SpecDecodeMetrics
+from minedraft.spec_decode.metrics import SpecDecodeMetrics
 from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.models.loader import load_model
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from minedraft import LLM, SamplingParams
+from minedraft import LLM
 from minedraft.models.eagle3 import load_eagle3, save_eagle3
 from minedraft.models.loader import load_model, read_config
 from minedraft.training.eagle3 import new_head

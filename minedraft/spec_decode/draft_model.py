@@ -2,8 +2,8 @@
 
 import torch
 
-from minedraft.drafters.base import Proposer
-from minedraft.drafters.chain import draft_chain
+from minedraft.spec_decode.base import Proposer
+from minedraft.spec_decode.chain import draft_chain
 from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.engine.sequence import Sequence
 from minedraft.models.llama import Decoder
@@ -74,6 +74,9 @@ class DraftModelProposer(Proposer):
             # target happens to produce the same tokens (_kept_tokens compares them).
             self.views[seqs[i].seq_id] = (len(seqs[i]), fed[i])
         return drafts, dists
+
+    def free_slots(self) -> int:
+        return self.runner.cache.num_free
 
     def release(self, seq: Sequence) -> None:
         self.views.pop(seq.seq_id, None)

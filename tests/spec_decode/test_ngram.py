@@ -1,4 +1,4 @@
-from minedraft.drafters.ngram import lookup
+from minedraft.spec_decode.ngram import lookup
 
 
 def test_lookup_takes_the_longest_suffix_and_its_latest_occurrence():

@@ -1,4 +1,4 @@
-"""The drafter process: `python -m minedraft.drafters.worker ARGS_JSON`, started by RemoteDrafter.
+"""The drafter process: `python -m minedraft.spec_decode.worker ARGS_JSON`, started by RemoteDrafter.
 
 It keeps a mirror of each sequence's verified tokens (sent by the engine a few at a time), and for
 an EAGLE-3 head the target's states of them, and a proposer over its own KV cache, and answers
@@ -15,11 +15,11 @@ from pathlib import Path
 import torch
 
 from minedraft.config import DTYPES
-from minedraft.drafters.base import Proposer
-from minedraft.drafters.draft_model import DraftModelProposer
-from minedraft.drafters.eagle3 import Eagle3Proposer
-from minedraft.drafters.remote import WorkerArgs, pin
-from minedraft.drafters.transport import DRAFTER, Channel
+from minedraft.spec_decode.base import Proposer
+from minedraft.spec_decode.draft_model import DraftModelProposer
+from minedraft.spec_decode.eagle3 import Eagle3Proposer
+from minedraft.spec_decode.remote import WorkerArgs, pin
+from minedraft.spec_decode.transport import DRAFTER, Channel
 from minedraft.engine.sequence import Sequence
 from minedraft.models.eagle3 import is_eagle3, load_eagle3
 from minedraft.models.llama import ModelArgs

@@ -10,8 +10,8 @@ that every round starts from a pass over at least one pair (its output starts th
 
 import torch
 
-from minedraft.drafters.base import Proposer
-from minedraft.drafters.chain import draft_chain
+from minedraft.spec_decode.base import Proposer
+from minedraft.spec_decode.chain import draft_chain
 from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.engine.sequence import Sequence
 from minedraft.models.eagle3 import Eagle3Head
@@ -70,6 +70,9 @@ class Eagle3Proposer(Proposer):
             cache.truncate(self.slots[seq_id], context[i] + len(held) - 1)
             self.states[seq_id] = held[-1:]
         return drafts, dists
+
+    def free_slots(self) -> int:
+        return self.runner.cache.num_free
 
     def release(self, seq: Sequence) -> None:
         self.states.pop(seq.seq_id, None)

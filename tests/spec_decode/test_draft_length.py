@@ -1,6 +1,6 @@
 import pytest
 
-from minedraft.engine.draft_length import DraftLengthController
+from minedraft.spec_decode.draft_length import DraftLengthController
 
 
 def feed(c: DraftLengthController, steps: int, alpha_rows, verify, draft_per_token: float) -> None:

@@ -7,8 +7,8 @@ import threading
 import pytest
 import torch
 
-from minedraft.drafters.remote import free_port
-from minedraft.drafters.transport import DRAFTER, ENGINE, Channel, DrafterError
+from minedraft.spec_decode.remote import free_port
+from minedraft.spec_decode.transport import DRAFTER, ENGINE, Channel, DrafterError
 from minedraft.sampling import SamplingParams
 
 

@@ -28,6 +28,10 @@ class Proposer:
     def release(self, seq: Sequence) -> None:
         """Forget a finished or aborted sequence and free what it held."""
 
+    def free_slots(self) -> int | None:
+        """Free KV slots of the drafter's own cache (None: it keeps none, or cannot tell now)."""
+        return None
+
     def flush(self) -> None:
         """Called after every step: a proposer in another process sends queued releases."""
 

@@ -5,7 +5,7 @@ from typing import Callable
 
 import torch
 
-from minedraft.drafters.tetris import select_lengths
+from minedraft.spec_decode.tetris import select_lengths
 from minedraft.sampling import SamplingParams, probabilities, sample
 
 # step(rows, last) -> logits [len(rows), vocab] for the next draft of each row in `rows` (indices
@@ -19,7 +19,7 @@ def draft_chain(
 ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
     """Drafts per row (num_tokens[i] of them) and the distributions they were drawn from. With a
     `capacity` (TETRIS), only that many drafts in all are kept, the most promising prefixes by the
-    drafter's own confidence (drafters.tetris)."""
+    drafter's own confidence (spec_decode.tetris)."""
     drafts: list[list[int]] = [[] for _ in num_tokens]
     dists: list[list[torch.Tensor]] = [[] for _ in num_tokens]
     confidences: list[list[float]] = [[] for _ in num_tokens]

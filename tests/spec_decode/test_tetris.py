@@ -1,4 +1,4 @@
-from minedraft.drafters.tetris import select_lengths
+from minedraft.spec_decode.tetris import select_lengths
 
 
 def test_the_most_probable_prefixes_across_rows_are_kept():

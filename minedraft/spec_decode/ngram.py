@@ -4,7 +4,7 @@ context (summaries, answers from a passage, code edits)."""
 
 import torch
 
-from minedraft.drafters.base import Proposer
+from minedraft.spec_decode.base import Proposer
 from minedraft.engine.sequence import Sequence
 
 

@@ -1,4 +1,4 @@
-"""The engine's handle on a drafter in its own process (minedraft.drafters.worker), on its own
+"""The engine's handle on a drafter in its own process (minedraft.spec_decode.worker), on its own
 cores or GPU, reached through torch.distributed.
 
 Draft requests are keyed by sequence id and carry only the sequence's tokens the drafter has not
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from minedraft.drafters.base import Proposer
-from minedraft.drafters.transport import ENGINE, Channel, DrafterError
+from minedraft.spec_decode.base import Proposer
+from minedraft.spec_decode.transport import ENGINE, Channel, DrafterError
 from minedraft.engine.sequence import Sequence
 
 
@@ -79,7 +79,7 @@ class RemoteDrafter(Proposer):
         self.states: dict[int, tuple[int, list[torch.Tensor]]] = {}  # seq_id -> (first position, not yet sent)
         # A fresh interpreter (not multiprocessing's spawn) so the user's __main__ is never re-run;
         # the same command could start the drafter on another host.
-        command = [sys.executable, "-m", "minedraft.drafters.worker", json.dumps(dataclasses.asdict(args))]
+        command = [sys.executable, "-m", "minedraft.spec_decode.worker", json.dumps(dataclasses.asdict(args))]
         self.known: dict[int, int] = {}  # seq_id -> how many of the sequence's tokens the drafter has
         self.released: list[int] = []
         self.in_flight: list[Sequence] | None = None
@@ -153,6 +153,10 @@ class RemoteDrafter(Proposer):
         if self.released and self.in_flight is None:
             self._send({"op": "release", "release": self.released})
             self.released = []
+
+    def free_slots(self) -> int | None:
+        """The drafter process's free slots, when it is idle (asking it costs a round trip)."""
+        return None if self.in_flight is not None else self.stats()["free_slots"]
 
     def stats(self) -> dict:
         """The idle drafter's free KV slots and the sequences it holds."""
