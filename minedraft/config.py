@@ -198,7 +198,6 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = field(init=False)
     model_path: Path = field(init=False)
     model_args: ModelArgs = field(init=False)
-    hf_config: dict = field(init=False, repr=False)
     num_slots: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -206,8 +205,7 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         check_device("device", self.device)
         self.model_path = resolve_model(self.model)
-        self.hf_config = read_config(self.model_path)
-        self.model_args = ModelArgs.from_hf(self.hf_config)
+        self.model_args = ModelArgs.from_hf(read_config(self.model_path))
         if self.max_model_len is None:
             self.max_model_len = min(2048, self.model_args.max_position_embeddings)
         for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):

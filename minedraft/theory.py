@@ -1,4 +1,4 @@
-"""The analytic model of AR, SD and PSD decoding speed (DESIGN.md section 3).
+"""The analytic model of AR, SD and PSD decoding speed (the MineDraft paper's performance model).
 
 Inputs, all measured: D, one plain decode step over the rows in flight; V, one verification of a
 step's rows with k drafts each; t, drafting those k tokens for them; the rows per step (every
