@@ -9,6 +9,10 @@ import types
 import pytest
 import torch
 
+# Tiny models run fastest on one thread: a second only adds synchronisation, and on a busy 2-core
+# machine its spinning made tests several times slower. (Engines give back whatever they pin.)
+torch.set_num_threads(1)
+
 TINY = dict(
     vocab_size=97,
     hidden_size=64,
@@ -136,7 +140,7 @@ class LiveServer:
         from minedraft.server.api import create_app
         from minedraft.server.async_engine import AsyncEngine
 
-        config = EngineConfig(model=str(model), max_model_len=256, **engine_kwargs)
+        config = EngineConfig(model=str(model), **{"max_model_len": 256, **engine_kwargs})
         self.engine = AsyncEngine(LLMEngine(config), max_queue=max_queue)
         app = create_app(self.engine, "test-model", api_key)
         with socket.socket() as s:

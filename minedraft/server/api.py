@@ -5,19 +5,20 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from jinja2 import TemplateError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from minedraft.engine.sequence import RequestOutput
-from minedraft.sampling import SamplingParams
-from minedraft.server.async_engine import AsyncEngine, QueueFullError
+from minedraft.engine.sequence import CompletionOutput, RequestOutput
+from minedraft.sampling import MAX_LOGPROBS, SamplingParams
+from minedraft.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError
 from minedraft.server.metrics import ServerMetrics
 
 
@@ -32,14 +33,18 @@ def error_response(status: int, message: str, type_: str, param: str | None = No
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     include_usage: bool = False
 
 
 class SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Strict: JSON true is not the integer 1, nor "2" the number 2. Fields we do not know are ignored.
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str
-    max_tokens: int | None = Field(default=None, description="default: 16 for completions, 256 for chat")
+    max_tokens: int | None = Field(default=None, description="default: 16 for completions, 256 for chat, "
+                                                              "at most what the context leaves")
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -52,10 +57,13 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str
+    prompt: str | list[int] = Field(description="text, or token ids")
+    logprobs: int | None = Field(default=None, description=f"0..{MAX_LOGPROBS} most likely tokens per position")
 
 
 class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     role: Literal["system", "user", "assistant"]
     content: str
 
@@ -63,16 +71,42 @@ class ChatMessage(BaseModel):
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, description=f"0..{MAX_LOGPROBS}; needs logprobs: true")
+
+
+def requested_max_tokens(req: SamplingFields) -> int | None:
+    """The request's own limit (chat: max_completion_tokens before max_tokens), or None."""
+    if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
+        return req.max_completion_tokens
+    return req.max_tokens
+
+
+def bad_request(e: ValueError, req: SamplingFields) -> APIError:
+    """A 400 for a ValueError of SamplingParams or the engine: its message starts with the field's
+    name, renamed where the request calls it something else."""
+    name = str(e).split(" ", 1)[0]
+    if isinstance(req, ChatRequest):
+        chat_names = {"prompt": "messages", "logprobs": "top_logprobs",
+                      "max_tokens": "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"}
+        name = chat_names.get(name, name)
+    return APIError(400, str(e), "invalid_request_error", name)
 
 
 def sampling_params(req: SamplingFields, default_max_tokens: int) -> SamplingParams:
-    max_tokens = next((m for m in (getattr(req, "max_completion_tokens", None), req.max_tokens) if m is not None),
-                      default_max_tokens)
+    max_tokens = requested_max_tokens(req)
+    if isinstance(req, ChatRequest):
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", "invalid_request_error", "top_logprobs")
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    else:
+        logprobs = req.logprobs
     try:
         return SamplingParams(n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                              max_tokens=max_tokens, stop=req.stop, seed=req.seed, ignore_eos=req.ignore_eos)
-    except ValueError as e:  # the message starts with the field's name
-        raise APIError(400, str(e), "invalid_request_error", str(e).split(" ", 1)[0]) from None
+                              max_tokens=default_max_tokens if max_tokens is None else max_tokens, stop=req.stop,
+                              seed=req.seed, ignore_eos=req.ignore_eos, logprobs=logprobs)
+    except ValueError as e:
+        raise bad_request(e, req) from None
 
 
 def create_app(server: AsyncEngine, model_name: str, api_key: str | None = None) -> FastAPI:
@@ -98,8 +132,10 @@ def create_app(server: AsyncEngine, model_name: str, api_key: str | None = None)
     async def on_validation_error(_: Request, e: RequestValidationError):
         first = e.errors()[0]
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        param = ".".join(loc) or None
-        return error_response(400, f"{param or 'body'}: {first.get('msg', 'invalid')}", "invalid_request_error", param)
+        # The top-level field (a union's member or a list index may follow it); none for bad JSON.
+        param = loc[0] if loc and first.get("type") != "json_invalid" else None
+        where = ".".join(loc) if param else "body"
+        return error_response(400, f"{where}: {first.get('msg', 'invalid')}", "invalid_request_error", param)
 
     @app.middleware("http")
     async def check_key(request: Request, call_next):
@@ -110,11 +146,19 @@ def create_app(server: AsyncEngine, model_name: str, api_key: str | None = None)
 
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200)
+        return Response(status_code=200 if server.alive else 503)
 
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/debug/kv_slots")
+    async def kv_slots() -> dict:
+        """Free KV slots in the target and the drafter (null while the drafter is drafting)."""
+        try:
+            return await server.call(engine.free_slots)
+        except EngineDeadError as e:
+            raise APIError(503, str(e), "server_error") from None
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -125,17 +169,17 @@ def create_app(server: AsyncEngine, model_name: str, api_key: str | None = None)
             raise APIError(404, f"model {req.model!r} does not exist; this server serves {model_name!r}",
                            "invalid_request_error", "model")
 
-    async def tokenize(prompt: str) -> list[int]:
+    async def tokenize(prompt: str | list[int], req: SamplingFields) -> list[int]:
         try:
             return await run_in_threadpool(engine.tokenize_prompt, prompt)
         except ValueError as e:
-            raise APIError(400, str(e), "invalid_request_error", "prompt") from None
+            raise bad_request(e, req) from None
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         check_model(req)
         params = sampling_params(req, 16)
-        token_ids = await tokenize(req.prompt)
+        token_ids = await tokenize(req.prompt, req)
         return await respond(request, req, token_ids, params, chat=False)
 
     @app.post("/v1/chat/completions")
@@ -144,29 +188,54 @@ def create_app(server: AsyncEngine, model_name: str, api_key: str | None = None)
         params = sampling_params(req, 256)
         try:
             prompt = engine.apply_chat_template([m.model_dump() for m in req.messages])
-        except ValueError as e:
+        except (ValueError, TemplateError) as e:
             raise APIError(400, str(e), "invalid_request_error", "messages") from None
-        token_ids = await tokenize(prompt)
+        token_ids = await tokenize(prompt, req)
         return await respond(request, req, token_ids, params, chat=True)
 
     async def respond(request: Request, req: SamplingFields, token_ids: list[int], params: SamplingParams,
                       chat: bool):
+        if requested_max_tokens(req) is None:  # the default never asks for more than the context leaves
+            params.max_tokens = min(params.max_tokens, engine.config.max_model_len - len(token_ids))
         outputs = server.generate(token_ids, params)
         try:
             first = await outputs.__anext__()  # errors surface here, before any byte is sent
-        except QueueFullError as e:
-            raise APIError(503, str(e), "server_busy") from None
+            meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
+                    "model": model_name}
+            decode = token_decoder(engine.tokenizer)
+            if req.stream:
+                include_usage = bool(req.stream_options and req.stream_options.include_usage)
+                if not (first.finished and failed(first)):
+                    return StreamingResponse(sse(outputs, first, meta, chat, include_usage, params.logprobs, decode),
+                                             media_type="text/event-stream")
+                final = first
+            else:
+                final = await until_done(request, outputs, first)
+        except (QueueFullError, EngineDeadError) as e:
+            raise APIError(503, str(e), "server_error") from None
         except ValueError as e:
-            raise APIError(400, str(e), "invalid_request_error", "prompt") from None
-        meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
-                "model": model_name}
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(sse(outputs, first, meta, chat, include_usage), media_type="text/event-stream")
-        final = await until_done(request, outputs, first)
-        return full_response(final, meta, chat)
+            raise bad_request(e, req) from None
+        except RuntimeError as e:  # the engine failed this request (and logged why)
+            raise APIError(500, str(e), "server_error") from None
+        if failed(final):
+            raise APIError(500, ENGINE_FAILED, "server_error")
+        return full_response(final, meta, chat, params.logprobs, decode)
 
     return app
+
+
+ENGINE_FAILED = "the engine failed while generating this request"
+
+
+def failed(out: RequestOutput) -> bool:
+    return any(o.finish_reason == "error" for o in out.outputs)
+
+
+def token_decoder(tokenizer) -> Callable[[int], str]:
+    """The text of one token, as logprobs show it (models without a tokenizer: "token_id:N")."""
+    if tokenizer is None:
+        return lambda token: f"token_id:{token}"
+    return lambda token: tokenizer.decode([token])
 
 
 async def until_done(request: Request, outputs: AsyncIterator[RequestOutput], first: RequestOutput) -> RequestOutput:
@@ -195,21 +264,46 @@ def usage(out: RequestOutput) -> dict:
             "total_tokens": len(out.prompt_token_ids) + completion}
 
 
-def full_response(out: RequestOutput, meta: dict, chat: bool) -> dict:
+def logprobs_json(o: CompletionOutput, start: int, n: int | None, decode: Callable[[int], str],
+                  chat: bool) -> dict | None:
+    """OpenAI's logprobs object for the tokens of `o` from `start` on: each chosen token's
+    log-probability and the `n` most likely ones."""
+    if n is None or o.logprobs is None:
+        return None
+    chosen = [(decode(t), lp[t]) for t, lp in zip(o.token_ids[start:], o.logprobs[start:])]
+    top = [sorted(((decode(t), v) for t, v in lp.items()), key=lambda x: -x[1])[:n] for lp in o.logprobs[start:]]
+    if not chat:
+        return {"tokens": [t for t, _ in chosen], "token_logprobs": [v for _, v in chosen],
+                "top_logprobs": [dict(alternatives) for alternatives in top]}
+
+    def entry(token: str, value: float) -> dict:
+        return {"token": token, "logprob": value, "bytes": list(token.encode())}
+
+    return {"content": [{**entry(t, v), "top_logprobs": [entry(*a) for a in alternatives]}
+                        for (t, v), alternatives in zip(chosen, top)]}
+
+
+def full_response(out: RequestOutput, meta: dict, chat: bool, n_logprobs: int | None,
+                  decode: Callable[[int], str]) -> dict:
+    def logprobs(o: CompletionOutput) -> dict | None:
+        return logprobs_json(o, 0, n_logprobs, decode, chat)
+
     if chat:
         choices = [{"index": o.index, "message": {"role": "assistant", "content": o.text},
-                    "logprobs": None, "finish_reason": o.finish_reason} for o in out.outputs]
+                    "logprobs": logprobs(o), "finish_reason": o.finish_reason} for o in out.outputs]
         return {**meta, "object": "chat.completion", "choices": choices, "usage": usage(out)}
-    choices = [{"index": o.index, "text": o.text, "logprobs": None, "finish_reason": o.finish_reason}
+    choices = [{"index": o.index, "text": o.text, "logprobs": logprobs(o), "finish_reason": o.finish_reason}
                for o in out.outputs]
     return {**meta, "object": "text_completion", "choices": choices, "usage": usage(out)}
 
 
 async def sse(outputs: AsyncIterator[RequestOutput], first: RequestOutput, meta: dict, chat: bool,
-              include_usage: bool) -> AsyncIterator[str]:
-    """OpenAI's chunk format as server-sent events, ending with `data: [DONE]`."""
+              include_usage: bool, n_logprobs: int | None, decode: Callable[[int], str]) -> AsyncIterator[str]:
+    """OpenAI's chunk format as server-sent events, ending with `data: [DONE]`; a request the
+    engine fails midway ends with an error event instead of its remaining chunks."""
     obj = "chat.completion.chunk" if chat else "text_completion"
     sent: dict[int, int] = {}  # characters sent per choice
+    sent_tokens: dict[int, int] = {}  # tokens whose logprobs were sent, per choice
     ended: set[int] = set()  # choices whose finish_reason was sent
 
     def chunk(choices: list[dict], **extra) -> str:
@@ -221,22 +315,31 @@ async def sse(outputs: AsyncIterator[RequestOutput], first: RequestOutput, meta:
     out = first
     try:
         while True:
+            if failed(out):
+                yield f"data: {json.dumps({'error': {'message': ENGINE_FAILED, 'type': 'server_error'}})}\n\n"
+                break
             choices = []
             for o in out.outputs:
                 delta = o.text[sent.get(o.index, 0):]
                 if delta or (o.finish_reason and o.index not in ended):
                     sent[o.index] = len(o.text)
+                    logprobs = logprobs_json(o, sent_tokens.get(o.index, 0), n_logprobs, decode, chat)
+                    sent_tokens[o.index] = len(o.token_ids)
                     if o.finish_reason:
                         ended.add(o.index)
-                    body = {"delta": {"content": delta}} if chat else {"text": delta, "logprobs": None}
-                    choices.append({"index": o.index, **body, "finish_reason": o.finish_reason})
+                    body = {"delta": {"content": delta}} if chat else {"text": delta}
+                    choices.append({"index": o.index, **body, "logprobs": logprobs, "finish_reason": o.finish_reason})
             if choices:
                 yield chunk(choices)
             if out.finished:
+                if include_usage:
+                    yield chunk([], usage=usage(out))
                 break
-            out = await outputs.__anext__()
-        if include_usage:
-            yield chunk([], usage=usage(out))
+            try:
+                out = await outputs.__anext__()
+            except (EngineDeadError, RuntimeError) as e:  # the engine failed this request, or stopped
+                yield f"data: {json.dumps({'error': {'message': str(e), 'type': 'server_error'}})}\n\n"
+                break
         yield "data: [DONE]\n\n"
     finally:
         await outputs.aclose()  # a client that went away mid-stream aborts its request

@@ -1,7 +1,8 @@
 """The engine on its own thread, fed by asyncio handlers: the HTTP layer never blocks the step loop.
 
 Handlers submit requests and abort them through a command queue; the engine thread steps while
-there is work and hands each request's outputs back to the handler's event loop.
+there is work and hands each request's outputs back to the handler's event loop. If the thread
+ever dies, every waiting handler gets an EngineDeadError and so does every later request.
 """
 
 import asyncio
@@ -9,7 +10,7 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from minedraft.engine.llm_engine import LLMEngine
@@ -23,13 +24,20 @@ class QueueFullError(RuntimeError):
     pass
 
 
+class EngineDeadError(RuntimeError):
+    """The engine thread has stopped; no request can be served."""
+
+
 @dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
     outputs: asyncio.Queue
 
     def put(self, item: RequestOutput | Exception) -> None:
-        self.loop.call_soon_threadsafe(self.outputs.put_nowait, item)
+        try:
+            self.loop.call_soon_threadsafe(self.outputs.put_nowait, item)
+        except RuntimeError:  # the handler's event loop has closed: nobody is listening
+            pass
 
 
 class AsyncEngine:
@@ -37,13 +45,18 @@ class AsyncEngine:
         self.engine = engine
         self.max_queue = max_queue
         self.on_finish = on_finish  # called on the engine thread with each finished RequestOutput
+        self.error: BaseException | None = None  # why the engine thread died
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}
         self._ids = itertools.count()
         self._stop = False
-        self._thread = threading.Thread(target=self._loop, name="minedraft-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="minedraft-engine", daemon=True)
         self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self.error is None and self._thread.is_alive()
 
     @property
     def num_running(self) -> int:
@@ -55,6 +68,7 @@ class AsyncEngine:
 
     async def generate(self, token_ids: list[int], params: SamplingParams) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as it advances; aborts it if the consumer stops early."""
+        self._check_alive()
         if self.num_waiting >= self.max_queue:
             raise QueueFullError(f"the server's queue is full ({self.max_queue} waiting requests)")
         request_id = f"req-{next(self._ids)}"
@@ -63,6 +77,7 @@ class AsyncEngine:
         self._send(("add", request_id, token_ids, params))
         finished = False
         try:
+            self._check_alive()  # again: the thread may have died before it saw this stream
             while not finished:
                 item = await stream.outputs.get()
                 if isinstance(item, Exception):
@@ -70,8 +85,18 @@ class AsyncEngine:
                 finished = item.finished
                 yield item
         finally:
+            self._streams.pop(request_id, None)
             if not finished:
                 self._send(("abort", request_id))
+
+    async def call(self, fn: Callable[[], object]) -> object:
+        """Run `fn` on the engine thread between steps (the engine is not thread-safe) and return its result."""
+        self._check_alive()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._send(("call", fn, loop, future))
+        self._check_alive()  # as in generate()
+        return await future
 
     def shutdown(self) -> None:
         self._stop = True
@@ -79,9 +104,28 @@ class AsyncEngine:
         self._thread.join(timeout=10)
         self.engine.close()
 
+    def _check_alive(self) -> None:
+        if not self.alive:
+            raise EngineDeadError(f"the engine has stopped ({self.error!r})")
+
     def _send(self, command: tuple) -> None:
         self._commands.put(command)
         self._wake.set()
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:
+            log.exception("the engine thread died; answering 503 from now on")
+            self.error = e  # set before failing what waits: generate() and call() check it after queueing
+            dead = EngineDeadError(f"the engine has stopped ({e!r})")
+            for request_id in list(self._streams):
+                self._fail(request_id, dead)
+            while not self._commands.empty():
+                command = self._commands.get_nowait()
+                if command[0] == "call":
+                    _, _, loop, future = command
+                    loop.call_soon_threadsafe(_settle, future, None, dead)
 
     def _loop(self) -> None:
         while not self._stop:
@@ -92,20 +136,31 @@ class AsyncEngine:
                 continue
             try:
                 outputs = self.engine.step()
-            except Exception as e:  # an engine bug must not take the server down with it
+            except Exception as e:  # the engine fails a step's own sequences; this is a last resort
                 log.exception("engine step failed; failing the requests in flight")
                 for request_id in list(self.engine.requests):
                     self.engine.abort(request_id)
-                    self._streams.pop(request_id).put(RuntimeError(f"engine error: {e}"))
+                    self._fail(request_id, RuntimeError(f"engine error: {e}"))
                 continue
             for out in outputs:
                 stream = self._streams.get(out.request_id)
                 if out.finished:
                     self._streams.pop(out.request_id, None)
-                    if self.on_finish is not None:
-                        self.on_finish(out)
+                    self._observe(out)
                 if stream is not None:
                     stream.put(out)
+
+    def _observe(self, out: RequestOutput) -> None:
+        if self.on_finish is not None:
+            try:
+                self.on_finish(out)
+            except Exception:  # metrics must not stop the engine
+                log.exception("on_finish failed for request %s", out.request_id)
+
+    def _fail(self, request_id: str, error: Exception) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.put(error)
 
     def _drain_commands(self) -> None:
         while True:
@@ -115,10 +170,29 @@ class AsyncEngine:
                 return
             if command[0] == "add":
                 _, request_id, token_ids, params = command
+                if request_id not in self._streams:  # its handler has gone already
+                    continue
                 try:
                     self.engine.add_request(token_ids, params, request_id)
-                except ValueError as e:
-                    self._streams.pop(request_id).put(e)
+                except Exception as e:  # ValueError: bad input (400); anything else: nothing was queued
+                    if not isinstance(e, ValueError):
+                        log.exception("adding request %s failed", request_id)
+                    self._fail(request_id, e)
             elif command[0] == "abort":
                 self.engine.abort(command[1])
-                self._streams.pop(command[1], None)
+            elif command[0] == "call":
+                _, fn, loop, future = command
+                try:
+                    result, error = fn(), None
+                except Exception as e:
+                    result, error = None, e
+                loop.call_soon_threadsafe(_settle, future, result, error)
+
+
+def _settle(future: asyncio.Future, result: object, error: Exception | None) -> None:
+    if future.done():  # its caller has gone
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

@@ -288,11 +288,16 @@ def test_drafter_exiting_or_hanging_before_it_joins_falls_back(tiny_llama, tiny_
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_closing_restores_affinity_and_threads(tiny_llama, tiny_draft):
-    before = os.sched_getaffinity(0), torch.get_num_threads()
-    llm = make(tiny_llama, tiny_draft, target_cpus=[0], draft_cpus=[1])
-    assert os.sched_getaffinity(0) == {0} and torch.get_num_threads() == 1  # pinned while it runs
-    llm.close()
-    assert (os.sched_getaffinity(0), torch.get_num_threads()) == before
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        before = os.sched_getaffinity(0), torch.get_num_threads()
+        llm = make(tiny_llama, tiny_draft, target_cpus=[0], draft_cpus=[1])
+        assert os.sched_getaffinity(0) == {0} and torch.get_num_threads() == 1  # pinned while it runs
+        llm.close()
+        assert (os.sched_getaffinity(0), torch.get_num_threads()) == before
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_closing_while_drafts_are_in_flight_stops_the_drafter_at_once(tiny_llama, tiny_draft):
