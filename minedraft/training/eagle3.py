@@ -25,6 +25,7 @@ from tqdm import tqdm
 from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.models.eagle3 import Eagle3Args, Eagle3Head, save_eagle3
 from minedraft.models.llama import Decoder, ModelArgs, rope_tables, rotate
+from minedraft.training.distill import batches
 
 log = logging.getLogger("minedraft")
 
@@ -93,18 +94,6 @@ def feature_shards(target: Decoder, data_shards: list[Path], out: Path, aux_laye
 
 
 # -- the head and its training-time test ----------------------------------------------------------------
-
-
-def draft_vocabulary(samples: list[dict], vocab_size: int, size: int, always: set[int]) -> tuple[torch.Tensor, float]:
-    """The `size` most frequent reply tokens (`always` included), sorted, and the share of reply
-    tokens they cover."""
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for s in samples:
-        counts.index_add_(0, s["reply"].long(), torch.ones(len(s["reply"]), dtype=torch.long))
-    score = counts.clone()
-    score[sorted(always)] = counts.sum() + 1
-    ids = score.topk(size).indices.sort().values
-    return ids, float(counts[ids].sum()) / max(1, int(counts.sum()))
 
 
 def new_head(target: Decoder, vocab_ids: torch.Tensor, aux_layers: tuple[int, ...], seed: int) -> Eagle3Head:
@@ -192,23 +181,6 @@ def unroll(head: Eagle3Head, batch: dict[str, torch.Tensor], steps: int, cos: to
         yield head.draft_logits(normed), teacher, mask
 
 
-def batches_of(samples: list[dict], batch_tokens: int, rng: random.Random) -> list[list[dict]]:
-    """Length-sorted batches (little padding) in random order."""
-    order = sorted(samples, key=lambda s: len(s["prompt"]) + len(s["reply"]))
-    out, batch, longest = [], [], 0
-    for s in order:
-        n = len(s["prompt"]) + len(s["reply"])
-        if batch and max(longest, n) * (len(batch) + 1) > batch_tokens:
-            out.append(batch)
-            batch, longest = [], 0
-        batch.append(s)
-        longest = max(longest, n)
-    if batch:
-        out.append(batch)
-    rng.shuffle(out)
-    return out
-
-
 class Trainer:
     """Owns the head, its optimiser and the position in the data; checkpoints all three."""
 
@@ -280,7 +252,7 @@ class Trainer:
         kept = torch.zeros(k)
         reached = torch.zeros(k)
         lengths, losses = [], []
-        for batch in batches_of([s for s in held_out if s["greedy"]], self.config.batch_tokens, random.Random(0)):
+        for batch in batches([s for s in held_out if s["greedy"]], self.config.batch_tokens, random.Random(0)):
             b = collate(batch)
             alive = None
             accepted = None
@@ -311,7 +283,7 @@ class Trainer:
         if self.step == 0:
             self._log(log_path, held_out, export, None)
         while self.epoch < c.epochs:
-            plan = batches_of(samples, c.batch_tokens, random.Random(c.seed + self.epoch))
+            plan = batches(samples, c.batch_tokens, random.Random(c.seed + self.epoch))
             bar = tqdm(plan, desc=f"eagle3 epoch {self.epoch + 1}/{c.epochs}", unit="batch", initial=self.batch_in_epoch)
             for batch in plan[self.batch_in_epoch :]:
                 start = time.time()

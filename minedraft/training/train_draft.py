@@ -11,8 +11,8 @@ import torch
 
 from minedraft.models.loader import eos_token_ids, load_model, load_tokenizer, resolve_model
 from minedraft.training.data import forced_data, generate_data
-from minedraft.training.distill import TrainConfig, split, train
-from minedraft.training.eagle3 import Eagle3TrainConfig, Trainer, draft_vocabulary, feature_shards
+from minedraft.training.distill import TrainConfig, frequent_tokens, split, train
+from minedraft.training.eagle3 import Eagle3TrainConfig, Trainer, feature_shards
 
 
 def run(args: argparse.Namespace) -> Path:
@@ -91,7 +91,7 @@ def run_eagle3(args: argparse.Namespace) -> Path:
     vocab_file = work / "draft_vocab.pt"  # fixed at the first run: the head's shape depends on it
     if not vocab_file.exists():
         eos = eos_token_ids(target_path, load_tokenizer(target_path))
-        ids, coverage = draft_vocabulary(train_set, target.args.vocab_size, args.vocab_size, eos)
+        ids, coverage = frequent_tokens(train_set, target.args.vocab_size, args.vocab_size, eos)
         torch.save(ids, vocab_file)
         logging.info("draft vocabulary: %d tokens cover %.1f%% of reply tokens", len(ids), 100 * coverage)
     config = Eagle3TrainConfig(draft_vocab_size=args.vocab_size, ttt_steps=args.ttt_steps, epochs=args.epochs,

@@ -4,8 +4,8 @@ from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.models.eagle3 import load_eagle3, save_eagle3
 from minedraft.models.loader import load_model
 from minedraft.models.llama import rope_tables
-from minedraft.training.eagle3 import (Eagle3TrainConfig, Trainer, collate, draft_vocabulary, extract_features,
-                                       new_head, unroll)
+from minedraft.training.distill import frequent_tokens
+from minedraft.training.eagle3 import Eagle3TrainConfig, Trainer, collate, extract_features, new_head, unroll
 
 CPU = torch.device("cpu")
 
@@ -51,7 +51,7 @@ def test_training_time_test_matches_the_head_drafting_with_its_cache(tiny_llama)
 def test_training_lowers_the_loss_and_the_export_loads_in_the_public_layout(tiny_llama, tmp_path):
     target = load_model(tiny_llama, torch.float32, CPU)
     samples = samples_for(target, n=8)
-    ids, coverage = draft_vocabulary(samples, target.args.vocab_size, 48, always={0})
+    ids, coverage = frequent_tokens(samples, target.args.vocab_size, 48, always={0})
     assert len(ids) == 48 and 0 in ids.tolist() and 0 < coverage <= 1
     config = Eagle3TrainConfig(draft_vocab_size=48, ttt_steps=3, epochs=30, batch_tokens=64, lr=3e-3, warmup_steps=1,
                                eval_every=1000)
