@@ -3,7 +3,8 @@ import json
 import pytest
 import torch
 
-from minedraft.sampling import MIN_TEMPERATURE, SamplingParams, probabilities, rejection_sample, sample, top_logprobs
+from minedraft.sampling import MIN_TEMPERATURE, SamplingParams, probabilities, sample, top_logprobs
+from minedraft.spec_decode.rejection import rejection_sample
 
 
 def test_greedy_is_one_hot_at_argmax():
