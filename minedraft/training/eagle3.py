@@ -318,3 +318,25 @@ class Trainer:
         if metrics["mean_acceptance_length"] > self.best:  # export whenever held-out acceptance improves
             self.best = metrics["mean_acceptance_length"]
             save_eagle3(self.head, export, self.aux_layers, extra={"step": self.step, **metrics})
+
+
+def plot_curve(log_path: Path, png: Path) -> None:
+    """Held-out acceptance (first draft position, and mean acceptance length at k = 4) against
+    training minutes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in log_path.read_text().splitlines()]
+    minutes = [r["train_minutes"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.plot(minutes, [r["acceptance_by_position"][0] for r in rows], marker="o")
+    ax1.set(xlabel="training minutes (CPU)", ylabel="held-out first-draft acceptance (greedy)")
+    ax2.plot(minutes, [r["mean_acceptance_length"] for r in rows], marker="o")
+    ax2.set(xlabel="training minutes (CPU)", ylabel="held-out mean acceptance length, k = 4")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)

@@ -12,7 +12,7 @@ import torch
 from minedraft.models.loader import eos_token_ids, load_model, load_tokenizer, resolve_model
 from minedraft.training.data import forced_data, generate_data
 from minedraft.training.distill import TrainConfig, frequent_tokens, split, train
-from minedraft.training.eagle3 import Eagle3TrainConfig, Trainer, feature_shards
+from minedraft.training.eagle3 import Eagle3TrainConfig, Trainer, feature_shards, plot_curve
 
 
 def run(args: argparse.Namespace) -> Path:
@@ -101,5 +101,6 @@ def run_eagle3(args: argparse.Namespace) -> Path:
     export = Path(args.export) if args.export else work / "model"
     logging.info("training on %d replies (%d held out)", len(train_set), len(held_out))
     trainer.train(train_set, held_out, export, args.max_minutes)
+    plot_curve(work / "log.jsonl", work / "acceptance.png")
     print(f"best head (held-out mean acceptance length {trainer.best:.3f}) in {export}; curve in {work / 'log.jsonl'}")
     return export
