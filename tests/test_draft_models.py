@@ -1,4 +1,4 @@
-"""The drafter shipped in minedraft/draft_models for the bundled target."""
+"""The drafter shipped in minedraft/draft_models for the bundled target (an EAGLE-3 head)."""
 
 import pytest
 
@@ -20,6 +20,7 @@ def test_speculation_without_a_named_draft_uses_the_bundled_drafter(smollm2):
     expected = [o.outputs[0].token_ids for o in smollm2.chat(conversations, params, use_tqdm=False)]
     with LLM(max_num_seqs=4, max_model_len=512, speculative_config={"num_speculative_tokens": 4}) as sd:
         assert sd.engine.config.speculative.model_path == DEFAULT_DRAFT
+        assert sd.engine.config.speculative.method == "eagle3"
         got = [o.outputs[0].token_ids for o in sd.chat(conversations, params, use_tqdm=False)]
         metrics = sd.get_metrics()
     assert got == expected

@@ -16,7 +16,7 @@ from tqdm import tqdm
 from minedraft.models.llama import Decoder, ModelArgs, cpu_packing_supported, fuse_hf_state_dict
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_DRAFT = Path(__file__).resolve().parent.parent / "draft_models" / "smollm2-135m-instruct"
+DEFAULT_DRAFT = Path(__file__).resolve().parent.parent / "draft_models" / "smollm2-135m-instruct-eagle3"
 
 
 def cache_root() -> Path:
