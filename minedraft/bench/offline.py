@@ -86,8 +86,8 @@ def closed_loop(llm: LLM, prompts: list[list[int]], concurrency: int, params: Sa
 
 def outputs_figures(outs: list[RequestOutput], makespan: float) -> dict:
     """Throughput and per-request latency figures of finished requests (times in seconds)."""
-    return request_figures([o.finish_time - o.arrival_time for o in outs],
-                           [o.first_token_time - o.arrival_time for o in outs],
+    latencies = [o.latencies() for o in outs]
+    return request_figures([e2e for _, _, e2e in latencies], [ttft for ttft, _, _ in latencies],
                            [len(o.outputs[0].token_ids) for o in outs], makespan)
 
 

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from minedraft.bench.datasets import load_prompts
 from minedraft.bench.stats import percentiles
+from minedraft.engine.sequence import time_per_output_token
 
 
 @dataclass
@@ -34,7 +35,8 @@ def serve_figures(records: list[Record], duration: float) -> dict:
     done = [r for r in records if r.ok and r.chunk_times]
     ttft = [r.chunk_times[0] - r.start for r in done]
     e2e = [r.end - r.start for r in done]
-    tpot = [(r.end - r.chunk_times[0]) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
+    tpot = [t for r in done
+            if (t := time_per_output_token(r.end - r.start, r.chunk_times[0] - r.start, r.output_tokens)) is not None]
     itl = [b - a for r in done for a, b in zip(r.chunk_times, r.chunk_times[1:])]
     out_tokens = sum(r.output_tokens for r in done)
     return {

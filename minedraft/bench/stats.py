@@ -2,6 +2,8 @@
 
 import statistics
 
+from minedraft.engine.sequence import time_per_output_token
+
 
 def percentiles(values: list[float]) -> dict:
     """Mean and inclusive p50 / p90 / p99 of per-request figures (None when there are none)."""
@@ -15,7 +17,7 @@ def request_figures(e2e: list[float], ttft: list[float], tokens: list[int], make
     """Throughput and latency figures from per-request end-to-end time, time to first token and
     output tokens (seconds); TPOT = (E2E - TTFT) / (tokens - 1)."""
     latency = percentiles(e2e)
-    tpot = [(e - f) / (n - 1) for e, f, n in zip(e2e, ttft, tokens) if n > 1]
+    tpot = [t for e, f, n in zip(e2e, ttft, tokens) if (t := time_per_output_token(e, f, n)) is not None]
     return {
         "output_tokens_per_s": sum(tokens) / makespan,
         "requests_per_s": len(e2e) / makespan,

@@ -76,6 +76,14 @@ class RequestOutput:
     first_token_time: float | None
     finish_time: float | None
 
+    def latencies(self) -> tuple[float, float | None, float] | None:
+        """(TTFT, TPOT, E2E) in seconds of a finished request, TPOT over its longest completion
+        (None for one token); None before it finished. The server and the benchmarks both report these."""
+        if self.first_token_time is None or self.finish_time is None:
+            return None
+        ttft, e2e = self.first_token_time - self.arrival_time, self.finish_time - self.arrival_time
+        return ttft, time_per_output_token(e2e, ttft, max(len(o.token_ids) for o in self.outputs)), e2e
+
     @classmethod
     def from_sequences(cls, seqs: list[Sequence]) -> "RequestOutput":
         first = seqs[0]
@@ -85,3 +93,8 @@ class RequestOutput:
         firsts = [s.first_token_time for s in seqs if s.first_token_time is not None]
         return cls(first.request_id, first.prompt, first.prompt_token_ids, outputs, done, first.arrival_time,
                    min(firsts) if firsts else None, max(s.finish_time for s in seqs) if done else None)
+
+
+def time_per_output_token(e2e: float, ttft: float, tokens: int) -> float | None:
+    """TPOT as vLLM defines it: the time after the first token over the tokens after it."""
+    return (e2e - ttft) / (tokens - 1) if tokens > 1 else None

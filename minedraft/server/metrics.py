@@ -56,10 +56,11 @@ class ServerMetrics:
         generated = sum(len(o.token_ids) for o in out.outputs)
         self.prompt_tokens.inc(len(out.prompt_token_ids))
         self.generation_tokens.inc(generated)
-        if out.first_token_time is None or out.finish_time is None:
+        latencies = out.latencies()
+        if latencies is None:
             return
-        self.ttft.observe(out.first_token_time - out.arrival_time)
-        self.e2e.observe(out.finish_time - out.arrival_time)
-        longest = max(len(o.token_ids) for o in out.outputs)
-        if longest > 1:
-            self.tpot.observe((out.finish_time - out.first_token_time) / (longest - 1))
+        ttft, tpot, e2e = latencies
+        self.ttft.observe(ttft)
+        self.e2e.observe(e2e)
+        if tpot is not None:
+            self.tpot.observe(tpot)
