@@ -162,7 +162,8 @@ class SpeculativeConfig:
         if eagle3 != (self.method == "eagle3"):
             raise ValueError(f"speculative_config model {str(self.model_path)!r} is "
                              f"{'an EAGLE-3 head' if eagle3 else 'not an EAGLE-3 head'}: method {self.method!r} does not fit")
-        draft = Eagle3Args.from_hf(config).layer if eagle3 else ModelArgs.from_hf(config)
+        head = Eagle3Args.from_hf(config) if eagle3 else None
+        draft = head.layer if eagle3 else ModelArgs.from_hf(config)
         t = target.model_args
         if draft.max_position_embeddings < target.max_model_len:
             raise ValueError(
@@ -175,7 +176,6 @@ class SpeculativeConfig:
                 f"({t.vocab_size}); speculative decoding needs the same tokenizer"
             )
         if eagle3:
-            head = Eagle3Args.from_hf(config)
             if head.target_hidden_size != t.hidden_size:
                 raise ValueError(f"EAGLE-3 head {str(self.model_path)!r} reads hidden states of width "
                                  f"{head.target_hidden_size}; the target's are {t.hidden_size}")

@@ -17,7 +17,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,39 +27,24 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from conftest import save_tiny_checkpoint  # noqa: E402  (the tests' tiny checkpoint)
+
+from minedraft.spec_decode.remote import free_port  # noqa: E402
+
 MODEL = "soak"
 MAX_MODEL_LEN = 64
 
 
 def tiny_checkpoint(path: Path, seed: int, layers: int, tokenizer_dir: Path) -> Path:
     """A random Llama with SmolLM2's vocabulary and tokenizer, float64, weights peaked enough
-    that greedy choices are far from ties."""
-    import torch
-    import transformers
-
-    config = transformers.LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=96,
-                                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                                      head_dim=16, max_position_embeddings=512, bos_token_id=None,
-                                      eos_token_id=None, pad_token_id=None)
-    torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(config).to(torch.float64)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-            else:
-                p.normal_(0, 0.25)
-    model.save_pretrained(path)
+    that greedy choices are far from ties (the test suite's tiny checkpoint)."""
+    save_tiny_checkpoint(path, "llama", seed=seed, num_hidden_layers=layers, vocab_size=49152,
+                         max_position_embeddings=512)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         if (tokenizer_dir / name).is_file():
             shutil.copy(tokenizer_dir / name, path / name)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_bytes(pid: int) -> int:

@@ -219,9 +219,11 @@ class LLMEngine:
         """The target's pass over one row per sequence. With a proposer that reads the target's
         states (EAGLE-3), also [(first position, states of the row's tokens)] per row."""
         layers = () if self.proposer is None else self.proposer.aux_layers
+        if not layers:
+            return self.runner.run(rows)[0], None
         starts = [self.runner.cache.lengths[s.slot] for s in seqs]
         logits, states = self.runner.run(rows, aux_layers=layers)
-        return logits, None if states is None else list(zip(starts, states.split([len(r.tokens) for r in rows])))
+        return logits, list(zip(starts, states.split([len(r.tokens) for r in rows])))
 
     def _hand_states(self, seqs: list[Sequence], states: list | None) -> None:
         """Give the proposer the target's states of the tokens each sequence keeps (rejected

@@ -36,10 +36,9 @@ class Eagle3Args:
     target_hidden_size: int
     aux_layer_ids: tuple[int, ...] | None  # None: the default for the target's depth
     norm_before_residual: bool
-    has_embedding: bool
 
     @classmethod
-    def from_hf(cls, cfg: dict, tensor_names: set[str] = frozenset()) -> "Eagle3Args":
+    def from_hf(cls, cfg: dict) -> "Eagle3Args":
         layers = cfg.get("num_hidden_layers", 1)
         if layers != 1:
             raise ValueError(f"EAGLE-3 heads with {layers} layers are not supported; one layer is")
@@ -52,7 +51,6 @@ class Eagle3Args:
             target_hidden_size=cfg.get("target_hidden_size") or layer.hidden_size,
             aux_layer_ids=None if ids is None else tuple(int(i) for i in ids),
             norm_before_residual=bool(cfg.get("norm_before_residual", False)),
-            has_embedding=any(n.endswith("embed_tokens.weight") for n in tensor_names),
         )
 
     def aux_layers(self, target_layers: int) -> tuple[int, ...]:
@@ -148,7 +146,7 @@ def load_eagle3(folder: Path, dtype: torch.dtype, device: torch.device, embeddin
     """An EAGLE-3 head from a public-layout folder; `embedding` is the target's input embedding,
     used unless the checkpoint carries its own. Runs no code from the checkpoint."""
     tensors = read_safetensors(folder)
-    args = Eagle3Args.from_hf(read_config(folder), set(tensors))
+    args = Eagle3Args.from_hf(read_config(folder))
     with torch.device("meta"):
         head = Eagle3Head(args)
     try:

@@ -32,7 +32,6 @@ log = logging.getLogger("minedraft")
 
 @dataclass
 class Eagle3TrainConfig:
-    draft_vocab_size: int = 8192  # most frequent reply tokens (and the end-of-sequence ids)
     ttt_steps: int = 4  # draft steps unrolled per position
     step_decay: float = 0.8  # loss weight of step j: decay ** j
     epochs: int = 20
@@ -102,7 +101,7 @@ def new_head(target: Decoder, vocab_ids: torch.Tensor, aux_layers: tuple[int, ..
     t = target.args
     layer = ModelArgs(**{**t.__dict__, "num_layers": 1, "draft_vocab_size": len(vocab_ids), "tie_word_embeddings": False,
                          "shared_embedding": False, "qk_norm": False, "qkv_bias": False, "o_bias": False})
-    head = Eagle3Head(Eagle3Args(layer, t.hidden_size, aux_layers, norm_before_residual=False, has_embedding=False))
+    head = Eagle3Head(Eagle3Args(layer, t.hidden_size, aux_layers, norm_before_residual=False))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in head.named_parameters():
@@ -249,31 +248,23 @@ class Trainer:
         draft equals the reply token, so the inputs are exact): per draft position, the share kept
         of those whose earlier drafts were all kept, and the mean acceptance length (tokens per
         verification, bonus included) at k drafts."""
-        kept = torch.zeros(k)
-        reached = torch.zeros(k)
-        lengths, losses = [], []
+        kept = torch.zeros(k)  # [j]: positions whose first j + 1 drafts were all kept
+        reached = torch.zeros(k)  # [j]: positions whose first j drafts were all kept
         for batch in batches([s for s in held_out if s["greedy"]], self.config.batch_tokens, random.Random(0)):
             b = collate(batch)
+            T = b["ids"].shape[1]
             alive = None
-            accepted = None
             for j, (logits, _, mask) in enumerate(unroll(self.head, b, k, self.cos, self.sin, self.target_head)):
-                pos = (torch.arange(b["ids"].shape[1] - 1) + 1 + j).clamp_max(b["ids"].shape[1] - 1)
-                target_top = (b["final"][:, pos] @ self.full_head).argmax(-1)
-                right = (self.head.draft_to_target[logits.argmax(-1)] == target_top)
-                if alive is None:
-                    valid = mask & (torch.arange(mask.shape[1])[None, :] + k < b["length"][:, None])
-                    alive, accepted = valid.clone(), torch.zeros_like(mask, dtype=torch.float)
-                    base = valid
+                target_top = (b["final"][:, (torch.arange(T - 1) + 1 + j).clamp_max(T - 1)] @ self.full_head).argmax(-1)
+                if alive is None:  # reply positions where all k drafts fit
+                    alive = mask & (torch.arange(T - 1)[None, :] + k < b["length"][:, None])
                 reached[j] += alive.sum()
-                alive = alive & right
+                alive = alive & (self.head.draft_to_target[logits.argmax(-1)] == target_top)
                 kept[j] += alive.sum()
-                accepted += alive.float()
-            lengths.append((accepted[base] + 1).sum())
-            losses.append(float(base.sum()))
-        n = sum(losses)
+        n = int(reached[0])
         per_position = (kept / reached.clamp_min(1)).tolist()
         return {"acceptance_by_position": [round(x, 4) for x in per_position],
-                "mean_acceptance_length": float(sum(lengths) / max(n, 1)), "positions": int(n)}
+                "mean_acceptance_length": 1 + float(kept.sum()) / max(n, 1), "positions": n}
 
     def train(self, samples: list[dict], held_out: list[dict], export: Path, max_minutes: float | None = None) -> None:
         c = self.config
