@@ -8,7 +8,7 @@ import torch
 
 from minedraft.kv_cache import KVCache
 from minedraft.models.eagle3 import Eagle3Args, is_eagle3
-from minedraft.models.llama import ModelArgs
+from minedraft.models.hf_format import ModelArgs
 from minedraft.models.loader import default_draft_path, read_config, resolve_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}

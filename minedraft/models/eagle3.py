@@ -24,7 +24,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from minedraft.models.llama import MLP, Attention, BatchMeta, Linear, ModelArgs, RMSNorm, cpu_packing_supported
+from minedraft.models.hf_format import ModelArgs
+from minedraft.models.llama import MLP, Attention, BatchMeta, Linear, RMSNorm, cpu_packing_supported
 from minedraft.models.loader import read_config, read_safetensors
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"

@@ -13,7 +13,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from minedraft.models.llama import Decoder, ModelArgs, cpu_packing_supported, fuse_hf_state_dict
+from minedraft.models.hf_format import ModelArgs, fuse_hf_state_dict
+from minedraft.models.llama import Decoder, cpu_packing_supported
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_DRAFT = Path(__file__).resolve().parent.parent / "draft_models" / "smollm2-135m-instruct-eagle3"

@@ -22,7 +22,7 @@ from minedraft.spec_decode.remote import WorkerArgs, pin
 from minedraft.spec_decode.transport import DRAFTER, Channel
 from minedraft.engine.sequence import Sequence
 from minedraft.models.eagle3 import is_eagle3, load_eagle3
-from minedraft.models.llama import ModelArgs
+from minedraft.models.hf_format import ModelArgs
 from minedraft.models.loader import load_model, read_config, read_embedding
 from minedraft.sampling import SamplingParams, make_generator
 

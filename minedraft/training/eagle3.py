@@ -24,7 +24,8 @@ from tqdm import tqdm
 
 from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.models.eagle3 import Eagle3Args, Eagle3Head, save_eagle3
-from minedraft.models.llama import Decoder, ModelArgs, rope_tables, rotate
+from minedraft.models.hf_format import ModelArgs
+from minedraft.models.llama import Decoder, rope_tables, rotate
 from minedraft.training.distill import batches
 
 log = logging.getLogger("minedraft")
