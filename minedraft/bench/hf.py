@@ -8,6 +8,7 @@ import torch
 
 from minedraft.bench.stats import request_figures
 from minedraft.config import SpeculativeConfig
+from minedraft.models.draft_format import full_vocabulary, is_draft_checkpoint
 from minedraft.models.loader import read_config, read_embedding, read_safetensors
 from minedraft.sampling import SamplingParams
 
@@ -20,15 +21,9 @@ def assistant_model(draft_dir: Path, target_dir: Path, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     cfg = read_config(draft_dir)
-    draft = cfg.pop("minedraft_draft", None)
-    if draft is None:
+    if not is_draft_checkpoint(cfg):
         return AutoModelForCausalLM.from_pretrained(draft_dir, dtype=dtype).eval()
-    tensors = read_safetensors(draft_dir)
-    vocab_ids = tensors.pop("draft_vocab").long()
-    tensors["model.embed_tokens.weight"] = read_embedding(target_dir)
-    head = torch.zeros(cfg["vocab_size"], cfg["hidden_size"], dtype=dtype)
-    head[vocab_ids] = tensors["lm_head.weight"].to(dtype)
-    tensors["lm_head.weight"] = head
+    cfg, tensors = full_vocabulary(cfg, read_safetensors(draft_dir), read_embedding(target_dir), dtype)
     model = LlamaForCausalLM(LlamaConfig(**{**cfg, "tie_word_embeddings": False})).to(dtype)
     model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=True)
     return model.eval()

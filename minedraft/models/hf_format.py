@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from minedraft.models.draft_format import VOCAB_TENSOR, draft_vocab_size, uses_target_embedding
+
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 
@@ -25,8 +27,8 @@ class ModelArgs:
     qkv_bias: bool
     o_bias: bool
     qk_norm: bool
-    # A drafter made for a target (minedraft.training): its head covers only these many tokens
-    # (ids in the `draft_vocab` tensor), and it reads the target's input embedding.
+    # A drafter made for a target (format: minedraft.models.draft_format): its head covers only
+    # these many tokens, and it reads the target's input embedding.
     draft_vocab_size: int | None = None
     shared_embedding: bool = False
 
@@ -54,7 +56,6 @@ class ModelArgs:
             keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
             scaling = tuple((k, float(rope[k])) for k in keys)
         bias = bool(cfg.get("attention_bias", False))
-        draft = cfg.get("minedraft_draft") or {}
         num_heads = cfg["num_attention_heads"]
         return cls(
             vocab_size=cfg["vocab_size"],
@@ -72,8 +73,8 @@ class ModelArgs:
             qkv_bias=bias or arch == "Qwen2ForCausalLM",
             o_bias=bias,
             qk_norm=arch == "Qwen3ForCausalLM",
-            draft_vocab_size=draft.get("draft_vocab_size"),
-            shared_embedding=draft.get("embedding") == "target",
+            draft_vocab_size=draft_vocab_size(cfg),
+            shared_embedding=uses_target_embedding(cfg),
         )
 
 
@@ -83,7 +84,7 @@ def fuse_hf_state_dict(args: ModelArgs, hf: dict[str, torch.Tensor]) -> dict[str
     embed = hf["model.embed_tokens.weight"]
     out = {"norm.weight": hf["model.norm.weight"]}
     if args.draft_vocab_size is not None:
-        out["draft_vocab"] = hf["draft_vocab"]
+        out["draft_vocab"] = hf[VOCAB_TENSOR]
     if args.tie_word_embeddings:
         out["lm_head.weight"] = embed.t()
     else:

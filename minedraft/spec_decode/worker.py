@@ -22,7 +22,7 @@ from minedraft.spec_decode.remote import WorkerArgs, pin
 from minedraft.spec_decode.transport import DRAFTER, Channel
 from minedraft.engine.sequence import Sequence
 from minedraft.models.eagle3 import is_eagle3, load_eagle3
-from minedraft.models.hf_format import ModelArgs
+from minedraft.models.draft_format import uses_target_embedding
 from minedraft.models.loader import load_model, read_config, read_embedding
 from minedraft.sampling import SamplingParams, make_generator
 
@@ -41,7 +41,7 @@ def make_proposer(args: WorkerArgs, device: torch.device, dtype: torch.dtype) ->
         head = load_eagle3(draft_path, dtype, device, read_embedding(target_path))
         target_layers = read_config(target_path)["num_hidden_layers"]
         return Eagle3Proposer(head, target_layers, args.num_slots, args.max_len, dtype, device)
-    embedding = read_embedding(target_path) if ModelArgs.from_hf(config).shared_embedding else None
+    embedding = read_embedding(target_path) if uses_target_embedding(config) else None
     return DraftModelProposer(load_model(draft_path, dtype, device, embedding), args.num_slots, args.max_len,
                               dtype, device)
 

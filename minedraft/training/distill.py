@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from torch import nn
 from tqdm import tqdm
 
+from minedraft.models.draft_format import draft_checkpoint, draft_vocab
 from minedraft.models.loader import read_config, read_safetensors
 
 log = logging.getLogger("minedraft")
@@ -69,7 +70,7 @@ class Student(nn.Module):
     def load_drafter(self, folder: Path) -> None:
         """Continue from a drafter this recipe exported (same layer count and vocabulary)."""
         tensors = read_safetensors(folder)
-        if not torch.equal(tensors["draft_vocab"].long(), self.vocab_ids):
+        if not torch.equal(draft_vocab(tensors), self.vocab_ids):
             raise ValueError(f"drafter {str(folder)!r} has another draft vocabulary")
         state = {k[len("model."):]: v.float() for k, v in tensors.items() if k.startswith("model.")}
         state["embed_tokens.weight"] = self.body.embed_tokens.weight
@@ -89,12 +90,10 @@ class Student(nn.Module):
         tensors = {f"model.{k}": v.detach().to(torch.float16).contiguous()
                    for k, v in self.body.state_dict().items() if k != "embed_tokens.weight"}
         tensors["lm_head.weight"] = self.head.weight.detach().to(torch.float16).contiguous()
-        tensors["draft_vocab"] = self.vocab_ids.clone()
+        config, tensors = draft_checkpoint(self.target_config, len(self.init_layers), tensors, self.vocab_ids,
+                                           {"init_layers": list(self.init_layers), **extra})
         save_file(tensors, out / "model.safetensors")
-        config = {**self.target_config, "num_hidden_layers": len(self.init_layers), "tie_word_embeddings": False,
-                  "torch_dtype": "float16", "dtype": "float16",
-                  "minedraft_draft": {"draft_vocab_size": len(self.vocab_ids), "embedding": "target",
-                                      "init_layers": list(self.init_layers), **extra}}
+        config.update(torch_dtype="float16", dtype="float16")
         (out / "config.json").write_text(json.dumps(config, indent=2))
         return out
 
@@ -207,7 +206,7 @@ def train(target_dir: Path, shards: list[Path], work: Path, config: TrainConfig,
     train_set, held_out = split(samples)
     vocab_size = read_config(target_dir)["vocab_size"]
     if config.init_from:  # keep the drafter's vocabulary
-        vocab_ids = read_safetensors(Path(config.init_from))["draft_vocab"].long()
+        vocab_ids = draft_vocab(read_safetensors(Path(config.init_from)))
         counts = reply_token_counts(train_set, vocab_size)
         coverage = float(counts[vocab_ids].sum()) / max(1, int(counts.sum()))
     else:

@@ -9,6 +9,7 @@ import torch
 from conftest import keep_float64
 from minedraft import LLM, SamplingParams
 from minedraft.engine.model_runner import ModelRunner, Row
+from minedraft.models.draft_format import CONFIG_KEY
 from minedraft.models.loader import load_model, read_config
 from minedraft.training.data import reply_sample, write_shard
 from minedraft.training.distill import Student, TrainConfig, collate, frequent_tokens, train
@@ -87,7 +88,7 @@ def test_distillation_lowers_held_out_loss_and_resumes(tiny_llama, tmp_path):
     assert len((tmp_path / "work" / "log.jsonl").read_text().splitlines()) == len(log)
     with pytest.raises(ValueError, match="different training config"):
         train(tiny_llama, [shard], tmp_path / "work", TrainConfig(init_layers=(1,), vocab_size=60), always=set())
-    assert read_config(student.export(tmp_path / "model", {"note": 1}))["minedraft_draft"]["note"] == 1
+    assert read_config(student.export(tmp_path / "model", {"note": 1}))[CONFIG_KEY]["note"] == 1
     # Continuing from the export starts where the first run ended (up to float16 rounding).
     again = TrainConfig(init_layers=(0,), init_from=str(tmp_path / "model"), epochs=1, batch_tokens=256)
     train(tiny_llama, [shard], tmp_path / "again", again, always=set())
