@@ -139,52 +139,68 @@ def run(args: argparse.Namespace) -> dict:
     gen = torch.Generator().manual_seed(0)
     vocab = llm.engine.config.model_args.vocab_size
     prompts = torch.randint(100, vocab, (max(batch_sizes), args.context), generator=gen).tolist()
-    step: dict = {}
-    tput: dict = {}
-    decode_tput: dict = {}
+    tables = measure(systems, prompts, batch_sizes, args)
+    result = {**machine_figures(llm.engine.runner.model), "rows": []}
+    for b in batch_sizes:
+        row = {"batch": b}
+        for key, table in tables.items():
+            for who, name in (("ours", "minedraft"), ("hf", "transformers")):
+                row[f"{who}_{key}"] = statistics.median(table[(name, b)])
+        result["rows"].append(row)
+    print_report(result)
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+def measure(systems: list, prompts: list[list[int]], batch_sizes: list[int],
+            args: argparse.Namespace) -> dict[str, dict[tuple[str, int], list[float]]]:
+    """Per figure (step_s, tok_s, decode_tok_s), every run's value by (system, batch size); the
+    systems interleaved, `args.repeats` times."""
+    tables: dict[str, dict] = {"step_s": {}, "tok_s": {}, "decode_tok_s": {}}
     for s in systems:  # warm-up
         s.step_times(prompts[:1], 2)
     with tqdm(total=args.repeats * len(batch_sizes) * len(systems), desc="bench decode") as bar:
         for _ in range(args.repeats):
             for b in batch_sizes:
                 for s in systems:
-                    step.setdefault((s.name, b), []).append(statistics.median(s.step_times(prompts[:b], args.steps)))
+                    key = (s.name, b)
+                    tables["step_s"].setdefault(key, []).append(statistics.median(s.step_times(prompts[:b], args.steps)))
                     elapsed = s.generate_time(prompts[:b], args.output_len)
-                    tput.setdefault((s.name, b), []).append(b * args.output_len / elapsed)
+                    tables["tok_s"].setdefault(key, []).append(b * args.output_len / elapsed)
                     # Generation throughput over the decode phase (the paper's figure): a one-token
                     # run is the prefill and the first token; the rest of the N-token run is decoding.
                     first = s.generate_time(prompts[:b], 1)
-                    decode_tput.setdefault((s.name, b), []).append(b * (args.output_len - 1) / (elapsed - first))
+                    tables["decode_tok_s"].setdefault(key, []).append(b * (args.output_len - 1) / (elapsed - first))
                     bar.update()
+    return tables
+
+
+def machine_figures(model: torch.nn.Module) -> dict:
+    """What bounds a decode step here: the bytes it reads, the streaming bandwidth, their ratio
+    (the batch-1 floor) and the time through every linear weight per layout."""
     bandwidth = streaming_bandwidth()
-    model = llm.engine.runner.model
     wbytes = weight_bytes(model)
-    held = held_bytes(model)
-    floor = wbytes / bandwidth
-    layouts = layout_check(model)
-    threads = torch.get_num_threads()
-    print(f"\nweights read per step {wbytes / 1e6:.0f} MB, held {held / 1e6:.0f} MB; streaming bandwidth {bandwidth / 1e9:.1f} GB/s on {threads} thread(s); "
+    return {"threads": torch.get_num_threads(), "weight_bytes": wbytes, "held_bytes": held_bytes(model),
+            "bandwidth": bandwidth, "floor_s": wbytes / bandwidth, "layouts_s": layout_check(model)}
+
+
+def print_report(result: dict) -> None:
+    floor, layouts = result["floor_s"], result["layouts_s"]
+    print(f"\nweights read per step {result['weight_bytes'] / 1e6:.0f} MB, held {result['held_bytes'] / 1e6:.0f} MB; "
+          f"streaming bandwidth {result['bandwidth'] / 1e9:.1f} GB/s on {result['threads']} thread(s); "
           f"batch-1 floor {floor * 1e3:.1f} ms")
     if layouts:
         print("through every linear weight: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in layouts.items()))
     print("\n| batch | minedraft step ms | transformers step ms | minedraft tok/s | transformers tok/s | ratio "
           "| minedraft decode tok/s | transformers decode tok/s | ratio |")
     print("|---|---|---|---|---|---|---|---|---|")
-    result = {"threads": threads, "weight_bytes": wbytes, "held_bytes": held, "bandwidth": bandwidth, "floor_s": floor,
-              "layouts_s": layouts, "rows": []}
-    for b in batch_sizes:
-        row = {"batch": b}
-        for key, table in (("step_s", step), ("tok_s", tput), ("decode_tok_s", decode_tput)):
-            for who, name in (("ours", "minedraft"), ("hf", "transformers")):
-                row[f"{who}_{key}"] = statistics.median(table[(name, b)])
-        print(f"| {b} | {row['ours_step_s'] * 1e3:.1f} | {row['hf_step_s'] * 1e3:.1f} | {row['ours_tok_s']:.1f} | "
-              f"{row['hf_tok_s']:.1f} | {row['ours_tok_s'] / row['hf_tok_s']:.2f}x | {row['ours_decode_tok_s']:.1f} | "
-              f"{row['hf_decode_tok_s']:.1f} | {row['ours_decode_tok_s'] / row['hf_decode_tok_s']:.2f}x |")
-        result["rows"].append(row)
+    for row in result["rows"]:
+        print(f"| {row['batch']} | {row['ours_step_s'] * 1e3:.1f} | {row['hf_step_s'] * 1e3:.1f} | "
+              f"{row['ours_tok_s']:.1f} | {row['hf_tok_s']:.1f} | {row['ours_tok_s'] / row['hf_tok_s']:.2f}x | "
+              f"{row['ours_decode_tok_s']:.1f} | {row['hf_decode_tok_s']:.1f} | "
+              f"{row['ours_decode_tok_s'] / row['hf_decode_tok_s']:.2f}x |")
     b1 = [r for r in result["rows"] if r["batch"] == 1]
     if b1:
         print(f"\nbatch-1 step / floor: {b1[0]['ours_step_s'] / floor:.2f}x")
-    if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(result, f, indent=2)
-    return result

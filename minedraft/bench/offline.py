@@ -28,6 +28,7 @@ from minedraft.bench.stats import request_figures
 from minedraft.config import MACHINE_CPUS, EngineConfig
 from minedraft.spec_decode.remote import pin
 from minedraft.spec_decode.metrics import SpecDecodeMetrics
+from minedraft.engine.llm_engine import LLMEngine
 from minedraft.engine.sequence import RequestOutput
 from minedraft.theory import (acceptance_by_position, expected_tokens_by_position, mean_step_seconds, psd_speedup,
                               psd_speedup_equal_concurrency)
@@ -150,42 +151,79 @@ def run(args: argparse.Namespace) -> dict:
         raise ValueError(f"unknown mode {unknown[0]!r}; known: {', '.join(MODES)}")
     ks = [k if k == "auto" else int(k) for k in args.num_speculative_tokens.split(",")]
     concurrencies = [int(c) for c in args.concurrency.split(",")]
-    max_len = args.max_model_len
     base = speculative_base(args)
+    llms = build_engines(args, modes, base, ks[0], max(concurrencies))
+    engine = next(iter(llms.values())).engine
+    peer = build_peer(args, engine, base, ks[0]) if "hf" in modes else None
+    prompts = benchmark_prompts(args, engine)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.output_len, ignore_eos=args.ignore_eos,
+                            seed=args.seed if args.temperature > 0 else None)
+    # hf runs one request at a time, so once per k, reported at concurrency 1.
+    plan = [(c, k, m) for c in concurrencies for k in ks for m in modes
+            if (m != "ar" or k == ks[0]) and (m != "hf" or c == concurrencies[0])]
+    warm_up(llms, peer, prompts[: min(2, len(prompts))], ks[0])
+    results = measure(llms, peer, plan, prompts, params, args)
+    for llm in llms.values():
+        llm.close()
+    report = summarize(results, args)
+    if args.plot_dir:
+        plot_throughput_vs_k(report["rows"], Path(args.plot_dir) / "throughput_vs_k.png")
+        plot_latency_cdf(results, Path(args.plot_dir) / "latency_cdf.png")
+    if args.output_json:
+        Path(args.output_json).write_text(json.dumps(report, indent=2))
+    return report
+
+
+def build_engines(args: argparse.Namespace, modes: list[str], base: dict, k: int | str,
+                  max_num_seqs: int) -> dict[str, LLM]:
+    """One engine per mode, each built on its mode's cores; an ar engine alone when only hf runs,
+    since an engine tokenizes the prompts."""
     llms: dict[str, LLM] = {}
-    for mode in [m for m in modes if m != "hf"] or ["ar"]:  # an engine tokenizes the prompts even for hf alone
+    for mode in [m for m in modes if m != "hf"] or ["ar"]:
         cores, spec = placement(mode)
         pin(tuple(cores))
-        spec_config = None if spec is None else {**base, "num_speculative_tokens": ks[0], **spec}
-        llms[mode] = LLM(args.model, dtype=args.dtype, max_num_seqs=max(concurrencies), max_model_len=max_len,
+        spec_config = None if spec is None else {**base, "num_speculative_tokens": k, **spec}
+        llms[mode] = LLM(args.model, dtype=args.dtype, max_num_seqs=max_num_seqs, max_model_len=args.max_model_len,
                          seed=args.seed, speculative_config=spec_config, trace=True)
-    engine = next(iter(llms.values())).engine
-    peer = None
-    if "hf" in modes:
-        pin(tuple(placement("hf")[0]))
-        spec = EngineConfig(args.model, dtype=args.dtype, max_model_len=max_len,
-                            speculative_config={**base, "num_speculative_tokens": ks[0]}).speculative
-        peer = AssistedGeneration(engine.config.model_path, spec, engine.config.torch_dtype)
+    return llms
+
+
+def build_peer(args: argparse.Namespace, engine: LLMEngine, base: dict, k: int | str) -> AssistedGeneration:
+    """transformers' assisted generation with the pair the speculative modes use."""
+    pin(tuple(placement("hf")[0]))
+    spec = EngineConfig(args.model, dtype=args.dtype, max_model_len=args.max_model_len,
+                        speculative_config={**base, "num_speculative_tokens": k}).speculative
+    return AssistedGeneration(engine.config.model_path, spec, engine.config.torch_dtype)
+
+
+def benchmark_prompts(args: argparse.Namespace, engine: LLMEngine) -> list[list[int]]:
+    """The dataset's prompts as chat-templated token ids, those too long for the output left out."""
+    max_len = args.max_model_len
     texts = load_prompts(args.dataset, None, args.seed)
     encoded = [engine.encode(engine.apply_chat_template([{"role": "user", "content": t}])) for t in texts]
     fitting = [p for p in encoded if len(p) + args.output_len < max_len]
     if len(fitting) < len(encoded):
         print(f"skipping {len(encoded) - len(fitting)} of {len(encoded)} prompts longer than "
               f"max_model_len - output_len = {max_len - args.output_len} tokens")
-    prompts = select(fitting, args.num_prompts, args.seed)
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.output_len, ignore_eos=args.ignore_eos,
-                            seed=args.seed if args.temperature > 0 else None)
-    # hf runs one request at a time, so once per k, reported at concurrency 1.
-    plan = [(c, k, m) for c in concurrencies for k in ks for m in modes
-            if (m != "ar" or k == ks[0]) and (m != "hf" or c == concurrencies[0])]
-    results: dict[tuple, list[dict]] = {}
-    warm = prompts[: min(2, len(prompts))]
-    for mode, llm in llms.items():  # warm-up: first calls allocate and fill caches
+    return select(fitting, args.num_prompts, args.seed)
+
+
+def warm_up(llms: dict[str, LLM], peer: AssistedGeneration | None, prompts: list[list[int]], k: int | str) -> None:
+    """A short run of every mode first: first calls allocate and fill caches."""
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    for mode, llm in llms.items():
         pin(tuple(placement(mode)[0]))
-        closed_loop(llm, warm, 2, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        closed_loop(llm, prompts, 2, params)
     if peer is not None:
         pin(tuple(placement("hf")[0]))
-        peer.run(warm, ks[0], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        peer.run(prompts, k, params)
+
+
+def measure(llms: dict[str, LLM], peer: AssistedGeneration | None, plan: list[tuple[int, int | str, str]],
+            prompts: list[list[int]], params: SamplingParams, args: argparse.Namespace) -> dict[tuple, list[dict]]:
+    """Every (concurrency, k, mode) of `plan`, `args.repeats` times, interleaved; the figures of
+    each run by (mode, k or None for ar, concurrency)."""
+    results: dict[tuple, list[dict]] = {}
     with tqdm(total=len(plan) * args.repeats, desc="bench offline") as bar:
         for _ in range(args.repeats):
             for c, k, mode in plan:
@@ -202,15 +240,7 @@ def run(args: argparse.Namespace) -> dict:
                     plot_timeline(figures["trace"], Path(args.plot_dir) / f"timeline_{mode}_k{k}_c{c}.png",
                                   f"{mode}, k={k}, {c} requests in flight")
                 bar.update()
-    for llm in llms.values():
-        llm.close()
-    report = summarize(results, args)
-    if args.plot_dir:
-        plot_throughput_vs_k(report["rows"], Path(args.plot_dir) / "throughput_vs_k.png")
-        plot_latency_cdf(results, Path(args.plot_dir) / "latency_cdf.png")
-    if args.output_json:
-        Path(args.output_json).write_text(json.dumps(report, indent=2))
-    return report
+    return results
 
 
 def median_of(runs: list[dict], key: str):

@@ -111,18 +111,31 @@ def sampling_params(req: SamplingFields, default_max_tokens: int) -> SamplingPar
 
 def create_app(server: AsyncEngine, model_name: str, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="MineDraft", description="OpenAI-compatible server with batch parallel speculative decoding")
+    name_model_in_schema(app, model_name)
+    metrics = ServerMetrics(server)
+    server.on_finish = metrics.observe
+    add_error_handlers(app)
+    add_key_check(app, api_key)
+    add_operations_routes(app, server, metrics)
+    add_openai_routes(app, server, model_name)
+    return app
+
+
+def name_model_in_schema(app: FastAPI, model_name: str) -> None:
+    """The documented schema names the one model this server serves."""
     document = app.openapi
 
-    def openapi() -> dict:  # the documented schema names the one model this server serves
+    def openapi() -> dict:
         schema = document()
         for name in ("CompletionRequest", "ChatRequest"):
             schema["components"]["schemas"][name]["properties"]["model"]["enum"] = [model_name]
         return schema
 
     app.openapi = openapi
-    metrics = ServerMetrics(server)
-    server.on_finish = metrics.observe
-    engine = server.engine
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Our errors and FastAPI's validation errors as OpenAI's error JSON."""
 
     @app.exception_handler(APIError)
     async def on_api_error(_: Request, e: APIError):
@@ -137,12 +150,20 @@ def create_app(server: AsyncEngine, model_name: str, api_key: str | None = None)
         where = ".".join(loc) if param else "body"
         return error_response(400, f"{where}: {first.get('msg', 'invalid')}", "invalid_request_error", param)
 
+
+def add_key_check(app: FastAPI, api_key: str | None) -> None:
+    """With a key, every /v1/ route asks for it; health, metrics and debug stay open."""
+
     @app.middleware("http")
     async def check_key(request: Request, call_next):
         if api_key is not None and request.url.path.startswith("/v1/"):
             if request.headers.get("authorization") != f"Bearer {api_key}":
                 return error_response(401, "invalid API key", "authentication_error")
         return await call_next(request)
+
+
+def add_operations_routes(app: FastAPI, server: AsyncEngine, metrics: ServerMetrics) -> None:
+    """Health, Prometheus metrics and the KV-slot probe."""
 
     @app.get("/health")
     async def health() -> Response:
@@ -156,72 +177,80 @@ def create_app(server: AsyncEngine, model_name: str, api_key: str | None = None)
     async def kv_slots() -> dict:
         """Free KV slots in the target and the drafter (null while the drafter is drafting)."""
         try:
-            return await server.call(engine.free_slots)
+            return await server.call(server.engine.free_slots)
         except EngineDeadError as e:
             raise APIError(503, str(e), "server_error") from None
+
+
+def add_openai_routes(app: FastAPI, server: AsyncEngine, model_name: str) -> None:
+    """Models, completions and chat completions."""
+    engine = server.engine
 
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "minedraft"}]}
 
-    def check_model(req: SamplingFields) -> None:
-        if req.model != model_name:
-            raise APIError(404, f"model {req.model!r} does not exist; this server serves {model_name!r}",
-                           "invalid_request_error", "model")
-
-    async def tokenize(prompt: str | list[int], req: SamplingFields) -> list[int]:
-        try:
-            return await run_in_threadpool(engine.tokenize_prompt, prompt)
-        except ValueError as e:
-            raise bad_request(e, req) from None
-
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
-        check_model(req)
+        check_model(req, model_name)
         params = sampling_params(req, 16)
-        token_ids = await tokenize(req.prompt, req)
-        return await respond(request, req, token_ids, params, chat=False)
+        token_ids = await tokenize(server, req.prompt, req)
+        return await respond(server, model_name, request, req, token_ids, params, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatRequest, request: Request):
-        check_model(req)
+        check_model(req, model_name)
         params = sampling_params(req, 256)
         try:
             prompt = engine.apply_chat_template([m.model_dump() for m in req.messages])
         except (ValueError, TemplateError) as e:
             raise APIError(400, str(e), "invalid_request_error", "messages") from None
-        token_ids = await tokenize(prompt, req)
-        return await respond(request, req, token_ids, params, chat=True)
+        token_ids = await tokenize(server, prompt, req)
+        return await respond(server, model_name, request, req, token_ids, params, chat=True)
 
-    async def respond(request: Request, req: SamplingFields, token_ids: list[int], params: SamplingParams,
-                      chat: bool):
-        if requested_max_tokens(req) is None:  # the default never asks for more than the context leaves
-            params.max_tokens = min(params.max_tokens, engine.config.max_model_len - len(token_ids))
-        outputs = server.generate(token_ids, params)
-        try:
-            first = await outputs.__anext__()  # errors surface here, before any byte is sent
-            meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
-                    "model": model_name}
-            decode = token_decoder(engine.tokenizer)
-            if req.stream:
-                include_usage = bool(req.stream_options and req.stream_options.include_usage)
-                if not (first.finished and failed(first)):
-                    return StreamingResponse(sse(outputs, first, meta, chat, include_usage, params.logprobs, decode),
-                                             media_type="text/event-stream")
-                final = first
-            else:
-                final = await until_done(request, outputs, first)
-        except (QueueFullError, EngineDeadError) as e:
-            raise APIError(503, str(e), "server_error") from None
-        except ValueError as e:
-            raise bad_request(e, req) from None
-        except RuntimeError as e:  # the engine failed this request (and logged why)
-            raise APIError(500, str(e), "server_error") from None
-        if failed(final):
-            raise APIError(500, ENGINE_FAILED, "server_error")
-        return full_response(final, meta, chat, params.logprobs, decode)
 
-    return app
+def check_model(req: SamplingFields, model_name: str) -> None:
+    if req.model != model_name:
+        raise APIError(404, f"model {req.model!r} does not exist; this server serves {model_name!r}",
+                       "invalid_request_error", "model")
+
+
+async def tokenize(server: AsyncEngine, prompt: str | list[int], req: SamplingFields) -> list[int]:
+    try:
+        return await run_in_threadpool(server.engine.tokenize_prompt, prompt)
+    except ValueError as e:
+        raise bad_request(e, req) from None
+
+
+async def respond(server: AsyncEngine, model_name: str, request: Request, req: SamplingFields,
+                  token_ids: list[int], params: SamplingParams, chat: bool):
+    """Run the request: a stream of server-sent events, or the whole response when it is done."""
+    engine = server.engine
+    if requested_max_tokens(req) is None:  # the default never asks for more than the context leaves
+        params.max_tokens = min(params.max_tokens, engine.config.max_model_len - len(token_ids))
+    outputs = server.generate(token_ids, params)
+    try:
+        first = await outputs.__anext__()  # errors surface here, before any byte is sent
+        meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
+                "model": model_name}
+        decode = token_decoder(engine.tokenizer)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            if not (first.finished and failed(first)):
+                return StreamingResponse(sse(outputs, first, meta, chat, include_usage, params.logprobs, decode),
+                                         media_type="text/event-stream")
+            final = first
+        else:
+            final = await until_done(request, outputs, first)
+    except (QueueFullError, EngineDeadError) as e:
+        raise APIError(503, str(e), "server_error") from None
+    except ValueError as e:
+        raise bad_request(e, req) from None
+    except RuntimeError as e:  # the engine failed this request (and logged why)
+        raise APIError(500, str(e), "server_error") from None
+    if failed(final):
+        raise APIError(500, ENGINE_FAILED, "server_error")
+    return full_response(final, meta, chat, params.logprobs, decode)
 
 
 ENGINE_FAILED = "the engine failed while generating this request"

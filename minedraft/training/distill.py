@@ -12,6 +12,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -202,15 +203,9 @@ def evaluate(student: Student, held_out: list[dict], to_draft: torch.Tensor, bat
 def train(target_dir: Path, shards: list[Path], work: Path, config: TrainConfig, always: set[int]) -> Student:
     """Train (resuming from work/checkpoint.pt if present); logs to work/log.jsonl."""
     torch.manual_seed(config.seed)
-    samples = load_samples(shards)
-    train_set, held_out = split(samples)
+    train_set, held_out = split(load_samples(shards))
     vocab_size = read_config(target_dir)["vocab_size"]
-    if config.init_from:  # keep the drafter's vocabulary
-        vocab_ids = draft_vocab(read_safetensors(Path(config.init_from)))
-        counts = reply_token_counts(train_set, vocab_size)
-        coverage = float(counts[vocab_ids].sum()) / max(1, int(counts.sum()))
-    else:
-        vocab_ids, coverage = frequent_tokens(train_set, vocab_size, config.vocab_size, always)
+    vocab_ids, coverage = choose_vocabulary(train_set, vocab_size, config, always)
     log.info("%d training replies, %d held out; draft vocabulary of %d covers %.2f%% of reply tokens",
              len(train_set), len(held_out), len(vocab_ids), 100 * coverage)
     to_draft = torch.full((vocab_size,), -1, dtype=torch.long)
@@ -221,42 +216,25 @@ def train(target_dir: Path, shards: list[Path], work: Path, config: TrainConfig,
     params = [p for p in student.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
     rng = random.Random(config.seed)
-    epochs = [batches(train_set, config.batch_tokens, rng) for _ in range(config.epochs)]
-    total = sum(len(e) for e in epochs)
-    schedule = lambda step: min(1.0, (step + 1) / config.warmup_steps) * 0.5 * (1 + math.cos(math.pi * step / total))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    step, elapsed = 0, 0.0
+    plan = [b for _ in range(config.epochs) for b in batches(train_set, config.batch_tokens, rng)]
+    total = len(plan)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(config.warmup_steps, total))
     ckpt, log_path = work / "checkpoint.pt", work / "log.jsonl"
     work.mkdir(parents=True, exist_ok=True)
     if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
-        if state["config"] != asdict(config):
-            raise ValueError(f"{ckpt} was made with a different training config; remove it to start over")
-        student.load_state_dict(state["student"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        step, elapsed = state["step"], state["elapsed_s"]
+        step, elapsed = resume(ckpt, config, student, optimizer, scheduler)
         log.info("resumed at step %d of %d", step, total)
     else:
-        with log_path.open("a") as f:
-            f.write(json.dumps({"step": 0, "time_s": 0.0, "coverage": coverage,
-                                **evaluate(student, held_out, to_draft, config.batch_tokens)}) + "\n")
-    flat = [b for e in epochs for b in e]
+        step, elapsed = 0, 0.0
+        append_record(log_path, {"step": 0, "time_s": 0.0, "coverage": coverage,
+                                 **evaluate(student, held_out, to_draft, config.batch_tokens)})
     started, seen_tokens, losses = time.time(), 0, []
     student.train()
     with tqdm(total=total, initial=step, desc="distilling", unit="step") as bar:
         while step < total:
-            batch = collate(flat[step], to_draft)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.autocast_bf16):
-                loss, _ = loss_and_agreement(student, batch)
-            loss = loss.mean()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            scheduler.step()
+            batch = collate(plan[step], to_draft)
+            losses.append(train_step(student, batch, params, optimizer, scheduler, config.autocast_bf16))
             step += 1
-            losses.append(loss.item())
             seen_tokens += int(batch["attention_mask"].sum())
             bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{seen_tokens / (time.time() - started):.0f}")
             bar.update()
@@ -265,12 +243,64 @@ def train(target_dir: Path, shards: list[Path], work: Path, config: TrainConfig,
                           "train_loss": sum(losses) / len(losses),
                           **evaluate(student, held_out, to_draft, config.batch_tokens)}
                 losses = []
-                with log_path.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
-                tmp = ckpt.with_suffix(".tmp")
-                torch.save({"student": student.state_dict(), "optimizer": optimizer.state_dict(),
-                            "scheduler": scheduler.state_dict(), "step": step, "elapsed_s": record["time_s"],
-                            "config": asdict(config)}, tmp)
-                tmp.rename(ckpt)
+                append_record(log_path, record)
+                save_atomically(ckpt, {"student": student.state_dict(), "optimizer": optimizer.state_dict(),
+                                       "scheduler": scheduler.state_dict(), "step": step,
+                                       "elapsed_s": record["time_s"], "config": asdict(config)})
                 log.info("step %d: %s", step, record)
     return student
+
+
+def choose_vocabulary(train_set: list[dict], vocab_size: int, config: TrainConfig,
+                      always: set[int]) -> tuple[torch.Tensor, float]:
+    """The draft vocabulary (the drafter's own when continuing from one, else the most frequent
+    reply tokens) and the share of reply tokens it covers."""
+    if not config.init_from:
+        return frequent_tokens(train_set, vocab_size, config.vocab_size, always)
+    vocab_ids = draft_vocab(read_safetensors(Path(config.init_from)))
+    counts = reply_token_counts(train_set, vocab_size)
+    return vocab_ids, float(counts[vocab_ids].sum()) / max(1, int(counts.sum()))
+
+
+def warmup_cosine(warmup_steps: int, total: int) -> Callable[[int], float]:
+    """The learning-rate factor at a step: a linear warm-up times a cosine decay to zero."""
+    return lambda step: min(1.0, (step + 1) / warmup_steps) * 0.5 * (1 + math.cos(math.pi * step / total))
+
+
+def resume(ckpt: Path, config: TrainConfig, student: Student, optimizer: torch.optim.Optimizer,
+           scheduler: torch.optim.lr_scheduler.LRScheduler) -> tuple[int, float]:
+    """Load a run's state from `ckpt`; its step and training seconds so far."""
+    state = torch.load(ckpt, weights_only=False)
+    if state["config"] != asdict(config):
+        raise ValueError(f"{ckpt} was made with a different training config; remove it to start over")
+    student.load_state_dict(state["student"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    return state["step"], state["elapsed_s"]
+
+
+def train_step(student: Student, batch: dict[str, torch.Tensor], params: list[nn.Parameter],
+               optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
+               autocast_bf16: bool) -> float:
+    """One optimiser step on one batch; its mean loss."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast_bf16):
+        loss, _ = loss_and_agreement(student, batch)
+    loss = loss.mean()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+    scheduler.step()
+    return loss.item()
+
+
+def append_record(log_path: Path, record: dict) -> None:
+    with log_path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def save_atomically(path: Path, state: dict) -> None:
+    """Write to a temporary file first: an interrupted save leaves the previous checkpoint whole."""
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.rename(path)
