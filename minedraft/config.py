@@ -9,7 +9,7 @@ import torch
 from minedraft.kv_cache import KVCache
 from minedraft.models.eagle3 import Eagle3Args, is_eagle3
 from minedraft.models.hf_format import ModelArgs
-from minedraft.models.loader import default_draft_path, read_config, resolve_model
+from minedraft.models.loader import checkpoint_folder, default_draft_path, locate_model, read_model_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 # The cores this process may use, read before any engine pins it to its own share of them.
@@ -68,7 +68,7 @@ class SpeculativeConfig:
     tetris: bool = False
     tetris_extra_proposals: int = 1
     tetris_capacity: int = 0
-    model_path: Path | None = field(init=False)  # None for ngram
+    model_path: Path | None = field(init=False)  # None for ngram; a .gguf file until resolve_checkpoints()
 
     KEYS = ("method", "model", "num_speculative_tokens", "parallel", "draft_device", "target_cpus",
             "draft_cpus", "rendezvous", "draft_timeout_s", "prompt_lookup_min", "prompt_lookup_max",
@@ -154,8 +154,8 @@ class SpeculativeConfig:
         if self.model is None:
             self.model_path = default_draft_path(target.model_path)
         else:
-            self.model_path = target.model_path if self.model == "self" else resolve_model(self.model)
-        config = read_config(self.model_path)
+            self.model_path = target.model_path if self.model == "self" else locate_model(self.model)
+        config = read_model_config(self.model_path)
         eagle3 = is_eagle3(config)
         if self.method is None:
             self.method = "eagle3" if eagle3 else "draft_model"
@@ -196,7 +196,7 @@ class EngineConfig:
     speculative_config: dict | None = None  # see SpeculativeConfig
     trace: bool = False  # record a per-step timeline of verification and drafting (engine.trace)
     speculative: SpeculativeConfig | None = field(init=False)
-    model_path: Path = field(init=False)
+    model_path: Path = field(init=False)  # a folder, or a .gguf file until resolve_checkpoints()
     model_args: ModelArgs = field(init=False)
     num_slots: int = field(init=False)
 
@@ -204,8 +204,8 @@ class EngineConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         check_device("device", self.device)
-        self.model_path = resolve_model(self.model)
-        self.model_args = ModelArgs.from_hf(read_config(self.model_path))
+        self.model_path = locate_model(self.model)
+        self.model_args = ModelArgs.from_hf(read_model_config(self.model_path))
         if self.max_model_len is None:
             self.max_model_len = min(2048, self.model_args.max_position_embeddings)
         for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):
@@ -238,3 +238,10 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    def resolve_checkpoints(self) -> None:
+        """Point model_path, and the drafter's, at Hugging Face folders, converting a GGUF file the
+        first time. The engine calls this when it loads the models: building a config stays cheap."""
+        self.model_path = checkpoint_folder(self.model_path)
+        if self.speculative is not None and self.speculative.model_path is not None:
+            self.speculative.model_path = checkpoint_folder(self.speculative.model_path)

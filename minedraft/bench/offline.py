@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> dict:
     base = speculative_base(args)
     llms = build_engines(args, modes, base, ks[0], max(concurrencies))
     engine = next(iter(llms.values())).engine
-    peer = build_peer(args, engine, base, ks[0]) if "hf" in modes else None
+    peer = build_peer(args, base, ks[0]) if "hf" in modes else None
     prompts = benchmark_prompts(args, engine)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.output_len, ignore_eos=args.ignore_eos,
                             seed=args.seed if args.temperature > 0 else None)
@@ -188,12 +188,13 @@ def build_engines(args: argparse.Namespace, modes: list[str], base: dict, k: int
     return llms
 
 
-def build_peer(args: argparse.Namespace, engine: LLMEngine, base: dict, k: int | str) -> AssistedGeneration:
+def build_peer(args: argparse.Namespace, base: dict, k: int | str) -> AssistedGeneration:
     """transformers' assisted generation with the pair the speculative modes use."""
     pin(tuple(placement("hf")[0]))
-    spec = EngineConfig(args.model, dtype=args.dtype, max_model_len=args.max_model_len,
-                        speculative_config={**base, "num_speculative_tokens": k}).speculative
-    return AssistedGeneration(engine.config.model_path, spec, engine.config.torch_dtype)
+    config = EngineConfig(args.model, dtype=args.dtype, max_model_len=args.max_model_len,
+                          speculative_config={**base, "num_speculative_tokens": k})
+    config.resolve_checkpoints()  # transformers reads folders; the engine has converted the target already
+    return AssistedGeneration(config.model_path, config.speculative, config.torch_dtype)
 
 
 def benchmark_prompts(args: argparse.Namespace, engine: LLMEngine) -> list[list[int]]:

