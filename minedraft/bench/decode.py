@@ -166,7 +166,8 @@ def measure(systems: list, prompts: list[list[int]], batch_sizes: list[int],
             for b in batch_sizes:
                 for s in systems:
                     key = (s.name, b)
-                    tables["step_s"].setdefault(key, []).append(statistics.median(s.step_times(prompts[:b], args.steps)))
+                    step_s = statistics.median(s.step_times(prompts[:b], args.steps))
+                    tables["step_s"].setdefault(key, []).append(step_s)
                     elapsed = s.generate_time(prompts[:b], args.output_len)
                     tables["tok_s"].setdefault(key, []).append(b * args.output_len / elapsed)
                     # Generation throughput over the decode phase (the paper's figure): a one-token
