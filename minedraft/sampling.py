@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 
 MAX_LOGPROBS = 20
@@ -12,6 +13,9 @@ MAX_LOGPROBS = 20
 # like vLLM, smaller positive temperatures are raised to it (at 0.01 sampling is all but greedy).
 MIN_TEMPERATURE = 1e-2
 MAX_SEED = 2**63 - 1  # a request's n completions use seeds seed .. seed + n - 1, all in 0..MAX_SEED
+# Top-p without top-k looks for its nucleus among this many most likely tokens first (SmolLM2 at
+# temperature 1: top-p 0.9 leaves 13 tokens at the median, more than 1024 at 1.5% of positions).
+NUCLEUS_WIDTH = 1024
 
 
 def _is_int(value) -> bool:
@@ -83,45 +87,111 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """The distribution each row samples from: temperature, then top-k, then top-p. Rows: [N, V].
+@dataclass
+class Dist:
+    """Rows of token distributions over a vocabulary of `vocab` tokens, kept compact. With `ids`
+    None, probs [N, vocab] are the distributions themselves; otherwise row i gives probs[i, j] to
+    token ids[j] (ids [S]: one support for every row, a drafter's reduced vocabulary) or to
+    ids[i, j] (ids [N, S]: each row's own, what top-k / top-p leave; padding has probability 0)."""
 
-    Greedy rows get a one-hot distribution at the argmax, so callers can treat every row alike.
-    """
-    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-    temps = torch.tensor([p.temperature or 1.0 for p in params], dtype=logits.dtype, device=logits.device)
-    logits = logits / temps[:, None]
-    top_k = [p.top_k for p in params]
-    top_p = [p.top_p for p in params]
-    if any(k != -1 for k in top_k) or any(p < 1 for p in top_p):
-        logits = _truncate(logits, top_k, top_p)
-    # Greedy rows are one-hot at the argmax: one batched argmax for all of them (this runs every
-    # step), and no softmax at all when every row is greedy.
-    greedy = [i for i, p in enumerate(params) if p.greedy]
-    if len(greedy) == len(params):
-        probs = torch.zeros_like(logits)
-    else:
-        probs = torch.softmax(logits, dim=-1)
-        probs[greedy] = 0
-    probs[greedy, logits[greedy].argmax(dim=-1)] = 1
-    return probs
+    probs: torch.Tensor
+    ids: torch.Tensor | None
+    vocab: int
+
+    def __len__(self) -> int:
+        return len(self.probs)
+
+    def __getitem__(self, rows: slice) -> "Dist":
+        return Dist(self.probs[rows], self.ids if self._shared else self.ids[rows], self.vocab)
+
+    @property
+    def _shared(self) -> bool:
+        return self.ids is None or self.ids.dim() == 1
+
+    def _support(self, i: int) -> torch.Tensor | None:
+        return self.ids if self._shared else self.ids[i]
+
+    def prob(self, i: int, token: int) -> torch.Tensor:
+        """Row i's probability of `token`."""
+        ids = self._support(i)
+        return self.probs[i, token] if ids is None else self.probs[i][ids == token].sum()
+
+    def dense(self, i: int) -> torch.Tensor:
+        """Row i over the whole vocabulary, [vocab] (scattered: for the few callers that need it)."""
+        ids = self._support(i)
+        return self.probs[i] if ids is None else self.probs.new_zeros(self.vocab).index_add_(0, ids, self.probs[i])
+
+    def sample(self, i: int, generator: torch.Generator) -> int:
+        """A token drawn from row i with `generator`."""
+        j = int(torch.multinomial(self.probs[i], 1, generator=generator))
+        ids = self._support(i)
+        return j if ids is None else int(ids[j])
+
+    def onto(self, ids: torch.Tensor, vocab: int) -> "Dist":
+        """The same rows with token j read as token ids[j] of a `vocab`-token vocabulary (a
+        drafter's reduced vocabulary mapped onto its target's)."""
+        return Dist(self.probs, ids if self.ids is None else ids[self.ids], vocab)
+
+    @staticmethod
+    def cat(parts: list["Dist"]) -> "Dist":
+        """The rows of `parts` in order. A support they all share stays shared; otherwise every
+        row gets its own, padded to the widest."""
+        first = parts[0]
+        if first._shared and all(p.ids is first.ids for p in parts):
+            return Dist(torch.cat([p.probs for p in parts]), first.ids, first.vocab)
+        width = max(p.probs.shape[-1] for p in parts)
+        ids = [(torch.arange(p.vocab, device=p.probs.device) if p.ids is None else p.ids).expand(len(p), -1)
+               for p in parts]
+        pad = [(0, width - p.probs.shape[-1]) for p in parts]
+        return Dist(torch.cat([nn.functional.pad(p.probs, w) for p, w in zip(parts, pad)]),
+                    torch.cat([nn.functional.pad(i, w) for i, w in zip(ids, pad)]), first.vocab)
 
 
-def _truncate(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
-    """Mask tokens outside each row's top-k, then outside its top-p nucleus (at least one stays)."""
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
+def probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> Dist:
+    """The distribution each row samples from: temperature, then top-k, then top-p. Every row's
+    request samples (a greedy one takes the argmax of its logits; see `sample`). Rows with top-k or
+    top-p keep only their survivors (compact); a batch with a row that has neither stays dense."""
+    dtype = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
     vocab = logits.shape[-1]
-    k = torch.tensor([vocab if x == -1 else min(x, vocab) for x in top_k], device=logits.device)
-    ranks = torch.arange(vocab, device=logits.device)
-    drop = ranks[None, :] >= k[:, None]
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    p = torch.tensor(top_p, dtype=logits.dtype, device=logits.device)
-    sorted_probs = torch.softmax(sorted_logits, dim=-1)
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    drop = mass_before >= p[:, None]
-    drop[:, 0] = False
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    temps = torch.tensor([p.temperature for p in params], dtype=dtype, device=logits.device)[:, None]
+    cut = [i for i, p in enumerate(params) if p.top_p < 1 or 0 < p.top_k < vocab]
+    if len(cut) == len(params):  # every row truncates: compact rows
+        return _truncate(logits, temps, params)
+    scaled = logits / temps if any(p.temperature != 1 for p in params) else logits
+    probs = torch.softmax(scaled, dim=-1, dtype=dtype)
+    if cut:
+        part = _truncate(logits[cut], temps[cut], [params[i] for i in cut])
+        probs[cut] = probs.new_zeros(len(cut), vocab).scatter_add_(-1, part.ids, part.probs)
+    return Dist(probs, None, vocab)
+
+
+def _truncate(logits: torch.Tensor, temps: torch.Tensor, params: list[SamplingParams]) -> Dist:
+    """Each row's top-k, then its top-p nucleus, as compact rows of the survivors, most likely first.
+    `topk` finds them (sorted). A row with top-p alone is normalised over the whole vocabulary and
+    its nucleus looked for among its NUCLEUS_WIDTH most likely tokens first, then 8 times as many
+    while those hold less than top-p of the row's mass (the last step: the whole vocabulary)."""
+    vocab, device = logits.shape[-1], logits.device
+    top_k = torch.tensor([vocab if p.top_k == -1 else min(p.top_k, vocab) for p in params], device=device)[:, None]
+    # math.inf: a row without top-p keeps every token, whatever the rounding of its running mass.
+    top_p = torch.tensor([p.top_p if p.top_p < 1 else math.inf for p in params], dtype=temps.dtype, device=device)
+    alone = top_k[:, 0] == vocab  # top-p without top-k
+    log_norm = (logits[alone] / temps[alone]).logsumexp(dim=-1, keepdim=True)
+    width = int(top_k.masked_fill(alone[:, None], min(NUCLEUS_WIDTH, vocab)).max())
+    while True:
+        values, ids = logits.topk(width, dim=-1)
+        values = (values / temps).masked_fill_(torch.arange(width, device=device) >= top_k, float("-inf"))
+        norm = values.logsumexp(dim=-1, keepdim=True)
+        norm[alone] = log_norm
+        probs = (values - norm).exp()
+        mass = probs.cumsum(dim=-1)
+        if width == vocab or bool((mass[alone, -1] >= top_p[alone]).all()):
+            break
+        width = min(8 * width, vocab)  # a flatter row's nucleus is wider
+    # Out: tokens whose more likely predecessors already reach top_p (never the first: 0 before it).
+    probs = probs.masked_fill_(mass - probs >= top_p[:, None], 0)
+    probs /= probs.sum(dim=-1, keepdim=True)
+    keep = int((probs > 0).sum(dim=-1).max())  # each row's survivors come first
+    return Dist(probs[:, :keep], ids[:, :keep], vocab)
 
 
 def top_logprobs(logits: torch.Tensor, tokens: list[int], n: int) -> list[dict[int, float]]:
@@ -133,12 +203,20 @@ def top_logprobs(logits: torch.Tensor, tokens: list[int], n: int) -> list[dict[i
             for row, i, v, t in zip(logp, ids, values, tokens)]
 
 
-def sample(probs: torch.Tensor, generators: list[torch.Generator | None]) -> list[int]:
-    """One token per row, each row drawing from its own generator; a None generator marks a greedy
-    row (its distribution is one-hot: take the argmax without drawing)."""
-    best = probs.argmax(dim=-1).tolist() if None in generators else None  # one pass for every greedy row
-    return [best[i] if g is None else int(torch.multinomial(row, 1, generator=g))
-            for i, (row, g) in enumerate(zip(probs, generators))]
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> tuple[list[int], Dist | None]:
+    """One token per row: the argmax where the generator is None (a greedy row: no distribution is
+    built for it), else a draw from the row's distribution with its generator. Second: the
+    distributions of the rows that drew, in order (None when every row is greedy)."""
+    drawn = [i for i, g in enumerate(generators) if g is not None]
+    tokens = logits.argmax(dim=-1).tolist() if len(drawn) < len(generators) else [0] * len(generators)
+    if not drawn:
+        return tokens, None
+    dist = probabilities(logits if len(drawn) == len(logits) else logits[drawn], [params[i] for i in drawn])
+    for j, i in enumerate(drawn):
+        tokens[i] = dist.sample(j, generators[i])
+    return tokens, dist
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:

@@ -165,3 +165,14 @@ class LiveServer:
         text = httpx.get(self.url + "/metrics").text
         return float(next(line.split()[-1] for line in text.splitlines()
                           if line.startswith("minedraft:num_requests_running ")))
+
+
+def reference_probabilities(logits: torch.Tensor, params) -> torch.Tensor:
+    """A row at `params` (SamplingParams) temperature, top-k and top-p the plain way: sort the whole
+    row, cut, renormalise."""
+    values, order = (logits / params.temperature).sort(descending=True)
+    k = len(values) if params.top_k == -1 else params.top_k
+    probs = torch.softmax(values[:k], -1)
+    keep = (probs.cumsum(-1) - probs) < params.top_p
+    probs = torch.where(keep, probs, 0) / probs[keep].sum()
+    return torch.zeros_like(logits).scatter(0, order[:k], probs)

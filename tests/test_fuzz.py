@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from conftest import KEY, LiveServer
 from minedraft import LLM, SamplingParams
-from minedraft.sampling import probabilities
+from minedraft.sampling import sample
 
 FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -61,8 +61,10 @@ def test_sampling_params_are_valid_or_a_value_error_naming_a_field(kwargs):
         return
     assert math.isfinite(params.temperature)
     assert params.seed is None or 0 <= params.seed + params.n - 1 < 2**63
-    probs = probabilities(torch.tensor([[3.0, 1.0, -2.0, 0.5]]), [params])
-    assert torch.isfinite(probs).all() and abs(float(probs.sum()) - 1) < 1e-6
+    generator = None if params.greedy else torch.Generator().manual_seed(0)
+    tokens, dist = sample(torch.tensor([[3.0, 1.0, -2.0, 0.5]]), [params], [generator])
+    assert 0 <= tokens[0] < 4 and (dist is None) == params.greedy
+    assert dist is None or torch.isfinite(dist.probs).all() and abs(float(dist.probs.sum()) - 1) < 1e-6
 
 
 @pytest.fixture(scope="module")

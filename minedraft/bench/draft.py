@@ -66,6 +66,8 @@ def calibration(llm: LLM, prompts: list, output_len: int) -> list[dict]:
         finally:
             runner.cache.free(slot)
         confidence, best = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+        if runner.model.draft_vocab is not None:  # a reduced head scores its own tokens
+            best = runner.model.draft_vocab[best]
         bins = torch.bucketize(confidence, torch.tensor(CONFIDENCE_BINS[1:-1]), right=True)
         for b, hit in zip(bins.tolist(), (best == torch.tensor(answer)).tolist()):
             tried[b] += 1

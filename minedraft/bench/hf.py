@@ -16,8 +16,8 @@ from minedraft.sampling import SamplingParams
 def assistant_model(draft_dir: Path, target_dir: Path, dtype: torch.dtype):
     """A transformers Llama for a draft checkpoint. A drafter made by `minedraft train-draft` (the
     target's embedding, a reduced head) becomes a full-vocabulary model: its head rows go to its
-    tokens and every other token gets a zero row. Ours gives those tokens logit -inf, so the two
-    drafters differ only where every draft-vocabulary logit is negative."""
+    tokens and every other token gets a zero row. Ours never drafts those tokens (probability 0), so
+    the two drafters differ only where every draft-vocabulary logit is negative."""
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     cfg = read_config(draft_dir)

@@ -15,11 +15,11 @@ from minedraft.engine.output_processor import OutputProcessor
 from minedraft.engine.scheduler import Scheduler
 from minedraft.engine.sequence import RequestOutput, Sequence, Status
 from minedraft.models.loader import eos_token_ids, load_model
-from minedraft.sampling import SamplingParams, make_generator, probabilities, sample
+from minedraft.sampling import Dist, SamplingParams, make_generator, probabilities, sample
 from minedraft.spec_decode import make_proposer
 from minedraft.spec_decode.draft_length import DraftLengthController
 from minedraft.spec_decode.metrics import SpecDecodeMetrics
-from minedraft.spec_decode.rejection import rejection_sample
+from minedraft.spec_decode.rejection import greedy_verify, rejection_sample
 from minedraft.spec_decode.remote import cpu_settings, restore_cpu_settings
 from minedraft.spec_decode.transport import DrafterError
 
@@ -208,8 +208,7 @@ class LLMEngine:
         start = time.time()
         lengths = self.runner.cache.lengths
         logits, states = self._run_target(seqs, [Row(s.slot, s.tokens_from(lengths[s.slot])) for s in seqs])
-        probs = probabilities(logits, [s.params for s in seqs])
-        tokens = sample(probs, [self._sampling_generator(s) for s in seqs])
+        tokens, _ = sample(logits, [s.params for s in seqs], [self._sampling_generator(s) for s in seqs])
         for i, (seq, token) in enumerate(zip(seqs, tokens)):
             with self._isolated(seq):
                 self.append_tokens(seq, [token], self.output.logprobs(seq, logits[i : i + 1], [token]))
@@ -309,7 +308,7 @@ class LLMEngine:
     def _submit(self, seqs: list[Sequence]) -> None:
         self.proposer.submit(seqs, [self._draft_len(s) for s in seqs], self._capacity(seqs))
 
-    def _verify(self, seqs: list[Sequence], drafts: list[list[int]], dists: list[torch.Tensor | None],
+    def _verify(self, seqs: list[Sequence], drafts: list[list[int]], dists: list[Dist | None],
                 group: int) -> None:
         """One target pass over every row's drafts; keep what rejection sampling accepts."""
         if not seqs:
@@ -320,14 +319,14 @@ class LLMEngine:
         rows = [Row(s.slot, s.tokens_from(cache.lengths[s.slot]) + d, len(d) + 1) for s, d in zip(seqs, drafts)]
         logits, states = self._run_target(seqs, rows)
         drafted = [len(d) for d in drafts]
-        sizes = [n + 1 for n in drafted]
-        params = [s.params for s, n in zip(seqs, sizes) for _ in range(n)]
-        targets = probabilities(logits, params).split(sizes)
         accepted = [0] * len(seqs)
-        for i, (seq, d, q, p, gen, row_logits) in enumerate(zip(seqs, drafts, dists, targets, gens,
-                                                                 logits.split(sizes))):
+        for i, (seq, d, q, gen, row_logits) in enumerate(zip(seqs, drafts, dists, gens,
+                                                             logits.split([n + 1 for n in drafted]))):
             with self._isolated(seq):
-                tokens = rejection_sample(p, q, d, gen)
+                if gen is None:  # greedy: the target's argmax, no distribution built
+                    tokens = greedy_verify(row_logits.argmax(dim=-1).tolist(), d)
+                else:
+                    tokens = rejection_sample(probabilities(row_logits, [seq.params] * (len(d) + 1)), q, d, gen)
                 accepted[i] = len(tokens) - 1
                 self.spec_metrics.observe(len(d), len(tokens) - 1)
                 self.append_tokens(seq, tokens, self.output.logprobs(seq, row_logits[: len(tokens)], tokens))

@@ -102,16 +102,10 @@ class Eagle3Head(nn.Module):
         return self.layer(self.embed[input_ids], self.features(features),
                           lambda x: self.attn(x, meta, k_cache[0], v_cache[0]))
 
-    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits over the draft vocabulary."""
-        return self.lm_head(hidden)
-
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits over the target's vocabulary; tokens outside the draft vocabulary get -inf
-        (probability 0: speculative sampling stays exact for any draft distribution)."""
-        logits = self.draft_logits(hidden)
-        full = logits.new_full((*logits.shape[:-1], self.args.vocab_size), float("-inf"))
-        return full.index_copy_(-1, self.draft_to_target, logits)
+        """Logits over the draft vocabulary only (`draft_to_target` maps its ids to the target's):
+        drafting samples there, and the target's other tokens have draft probability 0."""
+        return self.lm_head(hidden)
 
 
 def is_eagle3(config: dict) -> bool:

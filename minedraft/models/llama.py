@@ -233,10 +233,6 @@ class Decoder(nn.Module):
         return self.norm(x), torch.cat([states[i] for i in aux_layers], dim=-1) if aux_layers else None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits over the whole vocabulary. A reduced draft head scores its own tokens and gives
-        the rest -inf (probability 0: speculative sampling stays exact for any draft distribution)."""
-        logits = self.lm_head(hidden)
-        if self.draft_vocab is None:
-            return logits
-        full = logits.new_full((*logits.shape[:-1], self.args.vocab_size), float("-inf"))
-        return full.index_copy_(-1, self.draft_vocab, logits)
+        """Logits over the vocabulary; a reduced draft head's over its own tokens only (`draft_vocab`
+        maps them to the target's ids: drafting samples there, the rest have draft probability 0)."""
+        return self.lm_head(hidden)

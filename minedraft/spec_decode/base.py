@@ -3,6 +3,7 @@
 import torch
 
 from minedraft.engine.sequence import Sequence
+from minedraft.sampling import Dist
 
 
 class Proposer:
@@ -15,10 +16,10 @@ class Proposer:
     def propose(
         self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None],
         capacity: int | None = None,
-    ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+    ) -> tuple[list[list[int]], list[Dist | None]]:
         """Drafts per sequence (at most num_tokens[i]) and the distributions they were drawn from
-        ([len(drafts), vocab], or None without drafts). With a `capacity` (TETRIS), only that many
-        drafts in all are kept."""
+        (len(drafts) rows; None for a greedy row, whose generator is None, or without drafts).
+        With a `capacity` (TETRIS), only that many drafts in all are kept."""
         raise NotImplementedError
 
     def accept_states(self, seq: Sequence, start: int, states: torch.Tensor) -> None:

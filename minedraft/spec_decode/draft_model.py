@@ -7,6 +7,7 @@ from minedraft.spec_decode.chain import draft_chain
 from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.engine.sequence import Sequence
 from minedraft.models.llama import Decoder
+from minedraft.sampling import Dist
 
 
 def _kept_tokens(seq: Sequence, view: tuple[int, list[int]] | None) -> int:
@@ -33,13 +34,15 @@ class DraftModelProposer(Proposer):
 
     def __init__(self, model: Decoder, num_slots: int, max_len: int, dtype: torch.dtype, device: torch.device):
         self.runner = ModelRunner(model, num_slots, max_len, dtype, device)
+        # A reduced head scores its own tokens: their ids in the target's vocabulary, and its size.
+        self.vocab = None if model.draft_vocab is None else (model.draft_vocab, model.args.vocab_size)
         self.slots: dict[int, int] = {}
         self.views: dict[int, tuple[int, list[int]]] = {}
 
     def propose(
         self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None],
         capacity: int | None = None,
-    ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+    ) -> tuple[list[list[int]], list[Dist | None]]:
         cache = self.runner.cache
         active = [i for i, n in enumerate(num_tokens) if n > 0]
         for i in active:
@@ -68,7 +71,7 @@ class DraftModelProposer(Proposer):
             tokens = [pending[i] for i in rows] if last is None else [[t] for t in last]
             return self.runner.forward([Row(self.slots[seqs[i].seq_id], t) for i, t in zip(rows, tokens)])
 
-        drafts, dists = draft_chain(step, [s.params for s in seqs], generators, num_tokens, capacity)
+        drafts, dists = draft_chain(step, [s.params for s in seqs], generators, num_tokens, capacity, self.vocab)
         for i in active:
             # Every fed draft, TETRIS's dropped ones too: their KV entries stay valid where the
             # target happens to produce the same tokens (_kept_tokens compares them).

@@ -15,6 +15,7 @@ from minedraft.spec_decode.chain import draft_chain
 from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.engine.sequence import Sequence
 from minedraft.models.eagle3 import Eagle3Head
+from minedraft.sampling import Dist
 
 
 class Eagle3Proposer(Proposer):
@@ -22,6 +23,7 @@ class Eagle3Proposer(Proposer):
                  device: torch.device):
         self.runner = ModelRunner(head, num_slots, max_len, dtype, device)
         self.aux_layers = head.config.aux_layers(target_layers)
+        self.vocab = (head.draft_to_target, head.args.vocab_size)  # the head scores its draft vocabulary
         self.slots: dict[int, int] = {}
         self.states: dict[int, torch.Tensor] = {}  # seq_id -> target states of positions not yet in the cache
 
@@ -38,7 +40,7 @@ class Eagle3Proposer(Proposer):
     def propose(
         self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None],
         capacity: int | None = None,
-    ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+    ) -> tuple[list[list[int]], list[Dist | None]]:
         cache = self.runner.cache
         num_tokens = [n if s.seq_id in self.states and len(self.states[s.seq_id]) else 0
                       for s, n in zip(seqs, num_tokens)]
@@ -63,7 +65,7 @@ class Eagle3Proposer(Proposer):
             previous, features = rows, out
             return logits
 
-        drafts, dists = draft_chain(step, [s.params for s in seqs], generators, num_tokens, capacity)
+        drafts, dists = draft_chain(step, [s.params for s in seqs], generators, num_tokens, capacity, self.vocab)
         for i in active:  # keep the context pairs but the last; drop the drafts' entries
             seq_id = seqs[i].seq_id
             held = self.states[seq_id]

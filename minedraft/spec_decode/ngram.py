@@ -6,6 +6,7 @@ import torch
 
 from minedraft.spec_decode.base import Proposer
 from minedraft.engine.sequence import Sequence
+from minedraft.sampling import Dist
 
 
 def lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
@@ -26,18 +27,15 @@ class NgramProposer(Proposer):
     def propose(
         self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None],
         capacity: int | None = None,
-    ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
-        """Drafts (at most num_tokens[i], maybe none) and their distributions: each draft token was
-        chosen with certainty, so q is one-hot, and rejection sampling keeps it with probability p(x).
-        `capacity` is not used: certain drafts give TETRIS nothing to rank (the config rejects it)."""
+    ) -> tuple[list[list[int]], list[Dist | None]]:
+        """Drafts (at most num_tokens[i], maybe none) and, for sampled rows, their distributions:
+        each draft token was chosen with certainty, so q is one-hot (kept as the token alone), and
+        rejection sampling keeps it with probability p(x). `capacity` is not used: certain drafts
+        give TETRIS nothing to rank (the config rejects it)."""
         drafts = [lookup(s.prompt_token_ids + s.output_token_ids, self.min_n, self.max_n, k) if k else []
                   for s, k in zip(seqs, num_tokens)]
-        dists = []
-        for d in drafts:
-            q = torch.zeros(len(d), self.vocab_size, dtype=self.dtype)
-            q[torch.arange(len(d)), torch.tensor(d, dtype=torch.long)] = 1.0
-            dists.append(q if d else None)
-        return drafts, dists
+        return drafts, [Dist(torch.ones(len(d), 1, dtype=self.dtype), torch.tensor(d)[:, None], self.vocab_size)
+                        if d and g is not None else None for d, g in zip(drafts, generators)]
 
     def release(self, seq: Sequence) -> None:
         """Nothing to free: the proposer keeps no state per sequence."""

@@ -19,6 +19,7 @@ import torch
 from minedraft.spec_decode.base import Proposer
 from minedraft.spec_decode.transport import ENGINE, Channel, DrafterError
 from minedraft.engine.sequence import Sequence
+from minedraft.sampling import Dist
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class RemoteDrafter(Proposer):
     def propose(
         self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None],
         capacity: int | None = None,
-    ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+    ) -> tuple[list[list[int]], list[Dist | None]]:
         """Draft-then-wait, the in-process proposer's interface (the drafter samples with its own
         generators, so `generators` is not used)."""
         self.submit(seqs, num_tokens, capacity)
@@ -120,7 +121,7 @@ class RemoteDrafter(Proposer):
         self.released = []
         self.in_flight = seqs
 
-    def collect(self) -> dict[int, tuple[list[int], torch.Tensor | None]]:
+    def collect(self) -> dict[int, tuple[list[int], Dist | None]]:
         """Drafts and draft distributions (None for greedy rows) of the in-flight sub-batch, by seq id."""
         seqs, self.in_flight = self.in_flight, None
         header, tensors = self._recv()
@@ -129,11 +130,15 @@ class RemoteDrafter(Proposer):
             drafts = header["drafts"]
             if len(drafts) != len(seqs) or any(not isinstance(t, int) for d in drafts for t in d):
                 raise ValueError(f"{len(drafts)} drafts for {len(seqs)} sequences, or not token ids")
-            sizes = [len(d) for s, d in zip(seqs, drafts) if d and not s.params.greedy]
-            rows = iter(tensors[0].split(sizes) if sizes else ())
-            return {seq.seq_id: (d, next(rows) if d and not seq.params.greedy else None)
-                    for seq, d in zip(seqs, drafts)}
-        except (KeyError, TypeError, ValueError, IndexError, RuntimeError, StopIteration) as e:
+            q, out, row = _received_dists(header, tensors), {}, 0
+            for seq, d in zip(seqs, drafts):  # greedy rows came as token ids alone
+                n = 0 if seq.params.greedy else len(d)
+                out[seq.seq_id] = (d, q[row : row + n] if n else None)
+                row += n
+            if row != (0 if q is None else len(q)):
+                raise ValueError(f"{0 if q is None else len(q)} draft distributions for {row} sampled drafts")
+            return out
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
             raise DrafterError(f"malformed drafts from the drafter: {e!r}") from None
 
     def accept_states(self, seq: Sequence, start: int, states: torch.Tensor) -> None:
@@ -191,3 +196,20 @@ class RemoteDrafter(Proposer):
         if self.process.poll() is not None:
             raise DrafterError(f"drafter process exited with code {self.process.returncode}")
 
+
+def _received_dists(header: dict, tensors: list[torch.Tensor]) -> Dist | None:
+    """The draft distributions of a drafter's answer, rows of every sampled sequence's drafts in
+    order: probabilities, and the token ids they are over when compact (see the worker)."""
+    if not tensors:
+        return None
+    probs, ids, vocab = tensors[0], tensors[1] if len(tensors) > 1 else None, header["vocab"]
+    if not isinstance(vocab, int) or not probs.is_floating_point() or probs.dim() != 2:
+        raise ValueError("draft probabilities of the wrong type or shape")
+    if ids is None:
+        ok = probs.shape[1] == vocab
+    else:
+        ok = ids.dtype == torch.int64 and ids.shape[-1] == probs.shape[1] and ids.shape[:-1] in ((), probs.shape[:1])
+        ok = ok and (ids.numel() == 0 or 0 <= int(ids.min()) <= int(ids.max()) < vocab)
+    if not ok:
+        raise ValueError("draft distributions whose shape or token ids do not fit")
+    return Dist(probs, ids, vocab)

@@ -24,7 +24,7 @@ from minedraft.engine.sequence import Sequence
 from minedraft.models.eagle3 import is_eagle3, load_eagle3
 from minedraft.models.draft_format import uses_target_embedding
 from minedraft.models.loader import load_model, read_config, read_embedding
-from minedraft.sampling import SamplingParams, make_generator
+from minedraft.sampling import Dist, SamplingParams, make_generator
 
 
 def die_with_parent() -> None:
@@ -81,9 +81,12 @@ def worker_main(args: WorkerArgs) -> None:
                 num_tokens.append(k)
                 gens.append(None if seq.params.greedy else seq.generator or default_gen)
             drafts, dists = proposer.propose(seqs, num_tokens, gens, header.get("capacity"))
-            sampled = [q for q, g in zip(dists, gens) if q is not None and g is not None]
-            tensors = [torch.cat(sampled)] if sampled else []
-            channel.send({"drafts": drafts, "start": start, "end": time.time()}, tensors)
+            # Sampled rows' distributions as drafted: compact ones travel as probabilities over
+            # their support (a reduced vocabulary once, or each row's top-k / top-p survivors).
+            sampled = [q for q in dists if q is not None]
+            q = Dist.cat(sampled) if sampled else None
+            tensors = [] if q is None else [q.probs] if q.ids is None else [q.probs, q.ids]
+            channel.send({"drafts": drafts, "vocab": None if q is None else q.vocab, "start": start, "end": time.time()}, tensors)
 
 
 if __name__ == "__main__":

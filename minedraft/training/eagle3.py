@@ -178,7 +178,7 @@ def unroll(head: Eagle3Head, batch: dict[str, torch.Tensor], steps: int, cos: to
                                      lambda x: ttt_attention(head, x, cos[pos - 1][:, None], sin[pos - 1][:, None], kv, pad))
         teacher = teachers[:, pos]
         mask = (t[None, :] + 1 + j < length[:, None]) & (t[None, :] + 1 + j >= prompt[:, None] - 1)
-        yield head.draft_logits(normed), teacher, mask
+        yield head.compute_logits(normed), teacher, mask
 
 
 class Trainer:

@@ -19,11 +19,11 @@ def test_assistant_model_scores_the_draft_vocabulary_like_our_decoder(tiny_llama
     got = runner.forward([Row(runner.cache.allocate(), prompt, len(prompt))])
     with torch.no_grad():
         ref = hf(torch.tensor([prompt])).logits[0]
-    vocab = ours.draft_vocab
-    assert (got[:, vocab] - ref[:, vocab]).abs().max() < 1e-9
+    vocab = ours.draft_vocab  # ours scores only these tokens
+    assert got.shape[-1] == len(vocab) and (got - ref[:, vocab]).abs().max() < 1e-9
     outside = torch.ones(ref.shape[-1], dtype=torch.bool)
     outside[vocab] = False
-    assert torch.all(ref[:, outside] == 0) and torch.all(got[:, outside] == float("-inf"))
+    assert torch.all(ref[:, outside] == 0)
 
 
 def bench_args(tmp_path, **overrides) -> argparse.Namespace:

@@ -3,11 +3,13 @@
 import pytest
 import torch
 
-from conftest import save_distilled_draft, save_tiny_checkpoint
+from conftest import reference_probabilities, save_distilled_draft, save_tiny_checkpoint
 from minedraft import LLM, SamplingParams
 from minedraft.spec_decode.metrics import SpecDecodeMetrics
 from minedraft.engine.model_runner import ModelRunner, Row
-from minedraft.models.loader import load_model
+from minedraft.models.draft_format import draft_vocab
+from minedraft.models.loader import load_model, read_safetensors
+from minedraft.spec_decode.remote import RemoteDrafter
 
 PROMPTS = [[5, 17, 3, 44, 9, 2, 61], [8], [90, 12, 33, 33, 1, 7, 7, 7, 70, 4, 11, 2, 3], [40, 41], [66] * 20]
 
@@ -84,22 +86,23 @@ def test_seeded_sd_is_reproducible(tiny_llama, tiny_draft):
     assert run() == run()
 
 
-def exact_second_token_distribution(folder, prompt):
-    """P(second output token) under the target at temperature 1: sum over the first token."""
+def exact_second_token_distribution(folder, prompt, params=SamplingParams()):
+    """P(second output token) under the target at `params` (temperature 1 by default): sum over
+    the first token."""
     model = load_model(folder, torch.float64, torch.device("cpu"))
     vocab = model.args.vocab_size
     runner = ModelRunner(model, vocab, 64, torch.float64, torch.device("cpu"))
     slot = runner.cache.allocate()
-    first = torch.softmax(runner.forward([Row(slot, prompt)])[0], -1)
+    first = reference_probabilities(runner.forward([Row(slot, prompt)])[0], params)
     slots = [runner.cache.allocate() for _ in range(vocab - 1)]
     rows = [Row(slot, [0])] + [Row(s, prompt + [y]) for s, y in zip(slots, range(1, vocab))]
     runner.cache.truncate(slot, len(prompt))
-    second = torch.softmax(runner.forward(rows), -1)
+    second = torch.stack([reference_probabilities(row, params) for row in runner.forward(rows)])
     return first @ second
 
 
-def second_token_histogram(llm, prompt, n, vocab):
-    params = SamplingParams(n=n, temperature=1.0, max_tokens=4, ignore_eos=True, seed=123)
+def second_token_histogram(llm, prompt, n, vocab, **truncation):
+    params = SamplingParams(n=n, temperature=1.0, max_tokens=4, ignore_eos=True, seed=123, **truncation)
     out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
     counts = torch.bincount(torch.tensor([o.token_ids[1] for o in out.outputs]), minlength=vocab)
     return counts.double() / n
@@ -149,15 +152,17 @@ def test_greedy_sd_with_a_reduced_vocabulary_drafter_equals_ar(ar, tiny_llama, t
         assert 0 < sd.get_metrics()["acceptance_rate"] < 1
 
 
-def test_a_reduced_vocabulary_drafter_keeps_the_targets_distribution(small_vocab_pair, tmp_path):
+@pytest.mark.parametrize("placement", [{}, {"draft_device": "cpu"}], ids=["sd", "sd-remote"])
+def test_a_reduced_vocabulary_drafter_keeps_the_targets_distribution(small_vocab_pair, tmp_path, placement):
     """Tokens outside the draft vocabulary have draft probability 0: only the residual can
-    produce them, and the output must still follow the target exactly."""
+    produce them, and the output must still follow the target exactly (the draft distributions
+    stay over the draft vocabulary, in the drafter's process and across processes)."""
     target, _ = small_vocab_pair
     draft = save_distilled_draft(tmp_path, target, init_layers=(0,))
     prompt = [1, 5, 7, 2]
     exact = exact_second_token_distribution(target, prompt)
     sd = LLM(str(target), dtype="float64", max_num_seqs=64, max_model_len=32,
-             speculative_config={"model": str(draft), "num_speculative_tokens": 2})
+             speculative_config={"model": str(draft), "num_speculative_tokens": 2, **placement})
     n = 6000
     empirical = second_token_histogram(sd, prompt, n, exact.numel())
     assert sd.get_metrics()["num_accepted_tokens"] > 0
@@ -166,6 +171,48 @@ def test_a_reduced_vocabulary_drafter_keeps_the_targets_distribution(small_vocab
     # sampler fails one seed in a thousand.
     chi2 = (n * (empirical - exact) ** 2 / exact).sum().item()
     assert chi2 < 31.26, chi2
+    sd.close()
+
+
+def test_top_k_and_top_p_drafts_across_processes_keep_the_targets_distribution(small_vocab_pair, tmp_path):
+    """A reduced-vocabulary drafter in its own process at top-k / top-p: each draft distribution
+    travels as its survivors alone, and the output follows the target's truncated distribution."""
+    target, _ = small_vocab_pair
+    draft = save_distilled_draft(tmp_path, target, init_layers=(0,))
+    prompt = [1, 5, 7, 2]
+    truncation = {"top_k": 6, "top_p": 0.9}
+    exact = exact_second_token_distribution(target, prompt, SamplingParams(**truncation))
+    sd = LLM(str(target), dtype="float64", max_num_seqs=64, max_model_len=32,
+             speculative_config={"model": str(draft), "num_speculative_tokens": 2, "draft_device": "cpu"})
+    n = 6000
+    empirical = second_token_histogram(sd, prompt, n, exact.numel(), **truncation)
+    tv = 0.5 * (empirical - exact).abs().sum().item()
+    noise = 0.5 * torch.sqrt(2 * exact * (1 - exact) / (torch.pi * n)).sum().item()
+    assert sd.get_metrics()["num_accepted_tokens"] > 0
+    assert empirical[exact == 0].sum() == 0 and tv < 1.5 * noise, (tv, noise)
+    sd.close()
+
+
+def test_drafts_cross_processes_compact(tiny_llama, tiny_distilled, monkeypatch):
+    """Greedy rows' drafts come as token ids alone; sampled rows' distributions over the draft
+    vocabulary (sent once per answer), or over each row's top-k survivors."""
+    received = []
+    collect = RemoteDrafter.collect
+    monkeypatch.setattr(RemoteDrafter, "collect", lambda self: received.append(collect(self)) or received[-1])
+    vocab = draft_vocab(read_safetensors(tiny_distilled))
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS[:2]]
+    with LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=96,
+             speculative_config={"model": str(tiny_distilled), "num_speculative_tokens": 3, "draft_device": "cpu"}) as sd:
+        for params, check in [
+            (SamplingParams(temperature=0), lambda q: q is None),
+            (SamplingParams(temperature=0.8, seed=1), lambda q: torch.equal(q.ids, vocab) and q.probs.shape[1] == len(vocab)),
+            (SamplingParams(top_k=3, seed=2), lambda q: q.ids.dim() == 2 and q.probs.shape[1] <= 3),
+        ]:
+            received.clear()
+            sd.generate(prompts, SamplingParams(**{**params.as_dict(), "max_tokens": 8, "ignore_eos": True}),
+                        use_tqdm=False)
+            dists = [q for answer in received for d, q in answer.values() if d]
+            assert dists and all(check(q) for q in dists), params
 
 
 @pytest.mark.parametrize("placement", [{}, {"parallel": True}], ids=["sd", "psd"])

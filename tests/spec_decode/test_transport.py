@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from minedraft.spec_decode.remote import free_port
+from minedraft.spec_decode.remote import _received_dists, free_port
 from minedraft.spec_decode.transport import DRAFTER, ENGINE, Channel, DrafterError
 from minedraft.sampling import SamplingParams
 
@@ -79,3 +79,23 @@ def test_malformed_headers_are_drafter_errors(pair, payload):
     engine, drafter = pair
     with pytest.raises(DrafterError, match="malformed"):
         exchange(lambda: send_raw(engine, payload), drafter)
+
+
+@pytest.mark.parametrize("tensors,vocab", [
+    ([torch.ones(2, 3)], 5),  # dense rows narrower than the vocabulary
+    ([torch.ones(2, 3), torch.tensor([0, 1, 5])], 5),  # a token id outside the vocabulary
+    ([torch.ones(2, 3), torch.tensor([[0, 1, 2]])], 5),  # one row of ids for two rows of probabilities
+    ([torch.ones(2, 3), torch.ones(3)], 5),  # ids that are not integers
+    ([torch.ones(2, 3), torch.tensor([0, 1, 2])], "5"),
+    ([torch.ones(3, dtype=torch.int64)], 3),
+])
+def test_draft_distributions_that_do_not_fit_are_refused(tensors, vocab):
+    with pytest.raises((ValueError, IndexError)):
+        _received_dists({"vocab": vocab}, tensors)
+
+
+def test_compact_draft_distributions_are_read_back():
+    shared = _received_dists({"vocab": 5}, [torch.ones(2, 3) / 3, torch.tensor([4, 0, 2])])
+    own = _received_dists({"vocab": 5}, [torch.ones(2, 2) / 2, torch.tensor([[4, 0], [1, 2]])])
+    assert shared.dense(1).tolist() == pytest.approx([1 / 3, 0, 1 / 3, 0, 1 / 3]) and own.prob(1, 2) == 0.5
+    assert _received_dists({"vocab": None}, []) is None

@@ -38,8 +38,8 @@ def test_exported_drafter_loads_into_our_decoder_with_the_same_logits(tiny_llama
     with torch.no_grad():
         hidden = student(torch.tensor([tokens]), torch.ones(1, len(tokens), dtype=torch.long))[0]
         theirs = student.head(hidden)
-    assert torch.isinf(ours[:, ids.new_tensor([i for i in range(97) if i % 4 == 0])]).all()
-    assert (ours[:, ids] - theirs).abs().max() < 1e-9
+    assert torch.equal(draft.draft_vocab, ids)  # ours scores the draft vocabulary alone, in its order
+    assert (ours - theirs).abs().max() < 1e-9
 
 
 def make_shard(folder, path, n: int = 96):

@@ -43,7 +43,7 @@ def test_training_time_test_matches_the_head_drafting_with_its_cache(tiny_llama)
         # Context: entries for tokens 1..t+1 with the target's features of positions 0..t.
         logits, feature = runner.run([Row(0, ids[1 : t + 2], 1)], features=sample["aux"][: t + 1])
         for j in range(steps):
-            assert torch.allclose(head.draft_logits(head.norm(feature[-1:]))[0], trained[j][t], atol=1e-9)
+            assert torch.allclose(head.compute_logits(head.norm(feature[-1:]))[0], trained[j][t], atol=1e-9)
             if j + 1 < steps:
                 _, feature = runner.run([Row(0, [ids[t + 2 + j]], 1)], features=feature[-1:])
 
