@@ -11,6 +11,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0")
     parser.add_argument("--max-model-len", type=int, default=None, help="prompt + output tokens per request")
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    add_eager_arg(parser)
+
+
+def add_eager_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="never compile the forward pass (starts faster, decodes slower on CPU)")
 
 
 def add_speculative_arg(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +37,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from minedraft import LLM, SamplingParams
 
     llm = LLM(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-              num_threads=args.num_threads, max_num_seqs=1,
+              num_threads=args.num_threads, max_num_seqs=1, enforce_eager=args.enforce_eager,
               speculative_config=speculative_config(args.speculative_config))
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed)
@@ -128,6 +134,7 @@ def add_bench_decode(bench: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=20, help="decode steps timed per repeat")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repetitions; medians are reported")
     p.add_argument("--output-json", default=None, help="write every figure to this file")
+    p.add_argument("--verify-tokens", type=int, default=5, help="tokens per row in the timed verification (k + 1)")
     p.set_defaults(func=cmd_bench_decode)
 
 
@@ -151,6 +158,7 @@ def add_bench_offline(bench: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=1, help="interleaved repetitions; medians are reported")
+    add_eager_arg(p)
     p.add_argument("--output-json", default=None)
     p.add_argument("--plot-dir", default=None,
                      help="write PNGs here: throughput against k, latency CDF, psd and sd-remote timelines")

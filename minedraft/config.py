@@ -182,6 +182,11 @@ class SpeculativeConfig:
             head.aux_layers(t.num_layers)  # raises if the layers do not fit the target
 
 
+# Measured on the development CPU (docs/BENCHMARKS.md, issue 15): Inductor's C++ GEMM templates
+# beat oneDNN's packed products up to four rows; from five on, eager is as fast or faster.
+CPU_COMPILE_SIZES = (1, 2, 4)
+
+
 @dataclass
 class EngineConfig:
     model: str | os.PathLike | None = None  # checkpoint folder or .gguf file; None: the bundled default
@@ -195,6 +200,10 @@ class EngineConfig:
     seed: int = 0  # for requests without their own seed
     speculative_config: dict | None = None  # see SpeculativeConfig
     trace: bool = False  # record a per-step timeline of verification and drafting (engine.trace)
+    enforce_eager: bool = False  # never compile the forward pass (vLLM's name)
+    # Token counts whose forward pass is compiled (engine.compiled_forward); None: CPU_COMPILE_SIZES
+    # on CPU, none elsewhere (CUDA graphs are not built yet).
+    compile_sizes: tuple[int, ...] | None = None
     speculative: SpeculativeConfig | None = field(init=False)
     model_path: Path = field(init=False)  # a folder, or a .gguf file until resolve_checkpoints()
     model_args: ModelArgs = field(init=False)
@@ -221,6 +230,15 @@ class EngineConfig:
                 f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
                 f"{self.model_args.max_position_embeddings}"
             )
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be true or false, got {self.enforce_eager!r}")
+        if self.compile_sizes is None:
+            self.compile_sizes = CPU_COMPILE_SIZES if self.device == "cpu" else ()
+        sizes = self.compile_sizes
+        if not isinstance(sizes, (tuple, list)) or any(not isinstance(n, int) or isinstance(n, bool) or n < 1
+                                                       for n in sizes):
+            raise ValueError(f"compile_sizes must be a list of token counts >= 1, got {sizes!r}")
+        self.compile_sizes = () if self.enforce_eager else tuple(sorted(set(sizes)))
         self.num_slots = self.max_num_seqs
         if self.kv_cache_memory_gb is not None:
             a = self.model_args

@@ -13,6 +13,15 @@ import torch
 # machine its spinning made tests several times slower. (Engines give back whatever they pin.)
 torch.set_num_threads(1)
 
+
+
+@pytest.fixture(autouse=True)
+def eager_by_default(monkeypatch):
+    """Compiling a forward pass takes tens of seconds per size: tests run eagerly unless they ask
+    for `compile_sizes` themselves (tests/engine/test_compiled_forward.py)."""
+    monkeypatch.setattr("minedraft.config.CPU_COMPILE_SIZES", ())
+
+
 TINY = dict(
     vocab_size=97,
     hidden_size=64,

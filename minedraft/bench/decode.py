@@ -74,13 +74,21 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def decode_step_times(runner: ModelRunner, prompts: list[list[int]], steps: int) -> list[float]:
-    """Seconds per decode forward (one new token per row) after prefilling `prompts` into free slots."""
+def decode_step_times(runner: ModelRunner, prompts: list[list[int]], steps: int, tokens: int = 1) -> list[float]:
+    """Seconds per forward of `tokens` new tokens per row, all scored (1: a decode step; k + 1: a
+    verification), after prefilling `prompts` into free slots; each step starts from the prompt."""
     cache = runner.cache
     slots = [cache.allocate() for _ in prompts]
     try:
         runner.forward([Row(s, p) for s, p in zip(slots, prompts)])
-        return [timed(lambda: runner.forward([Row(s, [7]) for s in slots])) for _ in range(steps)]
+
+        def step() -> float:
+            elapsed = timed(lambda: runner.forward([Row(s, [7] * tokens, tokens) for s in slots]))
+            for s, p in zip(slots, prompts):
+                cache.truncate(s, len(p))
+            return elapsed
+
+        return [step() for _ in range(steps)]
     finally:
         for s in slots:
             cache.free(s)
@@ -95,6 +103,9 @@ class Ours:
 
     def step_times(self, prompts: list[list[int]], steps: int) -> list[float]:
         return decode_step_times(self.runner, prompts, steps)
+
+    def verify_times(self, prompts: list[list[int]], steps: int, tokens: int) -> list[float]:
+        return decode_step_times(self.runner, prompts, steps, tokens)
 
     def generate_time(self, prompts: list[list[int]], output_len: int) -> float:
         params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
@@ -134,18 +145,21 @@ def run(args: argparse.Namespace) -> dict:
         raise ValueError(f"--output-len must be >= 2 (decode-phase throughput subtracts a one-token run), "
                          f"got {args.output_len}")
     max_len = args.context + max(args.output_len, args.steps) + 8
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=max(batch_sizes), max_model_len=max_len)
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=max(batch_sizes), max_model_len=max_len,
+              enforce_eager=args.enforce_eager)
     systems = [Ours(llm), Transformers(llm.engine.config.model_path, llm.engine.config.torch_dtype)]
     gen = torch.Generator().manual_seed(0)
     vocab = llm.engine.config.model_args.vocab_size
     prompts = torch.randint(100, vocab, (max(batch_sizes), args.context), generator=gen).tolist()
     tables = measure(systems, prompts, batch_sizes, args)
-    result = {**machine_figures(llm.engine.runner.model), "rows": []}
+    result = {**machine_figures(llm.engine.runner.model), "verify_tokens": args.verify_tokens,
+              "compiled": not args.enforce_eager, "rows": []}
     for b in batch_sizes:
         row = {"batch": b}
         for key, table in tables.items():
             for who, name in (("ours", "minedraft"), ("hf", "transformers")):
-                row[f"{who}_{key}"] = statistics.median(table[(name, b)])
+                if (name, b) in table:
+                    row[f"{who}_{key}"] = statistics.median(table[(name, b)])
         result["rows"].append(row)
     print_report(result)
     if args.output_json:
@@ -158,7 +172,7 @@ def measure(systems: list, prompts: list[list[int]], batch_sizes: list[int],
             args: argparse.Namespace) -> dict[str, dict[tuple[str, int], list[float]]]:
     """Per figure (step_s, tok_s, decode_tok_s), every run's value by (system, batch size); the
     systems interleaved, `args.repeats` times."""
-    tables: dict[str, dict] = {"step_s": {}, "tok_s": {}, "decode_tok_s": {}}
+    tables: dict[str, dict] = {"step_s": {}, "tok_s": {}, "decode_tok_s": {}, "verify_s": {}}
     for s in systems:  # warm-up
         s.step_times(prompts[:1], 2)
     with tqdm(total=args.repeats * len(batch_sizes) * len(systems), desc="bench decode") as bar:
@@ -168,6 +182,9 @@ def measure(systems: list, prompts: list[list[int]], batch_sizes: list[int],
                     key = (s.name, b)
                     step_s = statistics.median(s.step_times(prompts[:b], args.steps))
                     tables["step_s"].setdefault(key, []).append(step_s)
+                    if hasattr(s, "verify_times"):  # ours only: what a verification costs
+                        verify_s = statistics.median(s.verify_times(prompts[:b], args.steps, args.verify_tokens))
+                        tables["verify_s"].setdefault(key, []).append(verify_s)
                     elapsed = s.generate_time(prompts[:b], args.output_len)
                     tables["tok_s"].setdefault(key, []).append(b * args.output_len / elapsed)
                     # Generation throughput over the decode phase (the paper's figure): a one-token
@@ -202,6 +219,9 @@ def print_report(result: dict) -> None:
               f"{row['ours_tok_s']:.1f} | {row['hf_tok_s']:.1f} | {row['ours_tok_s'] / row['hf_tok_s']:.2f}x | "
               f"{row['ours_decode_tok_s']:.1f} | {row['hf_decode_tok_s']:.1f} | "
               f"{row['ours_decode_tok_s'] / row['hf_decode_tok_s']:.2f}x |")
+    for row in result["rows"]:
+        print(f"batch {row['batch']}: verifying {result['verify_tokens']} tokens per row "
+              f"{row['ours_verify_s'] * 1e3:.1f} ms = {row['ours_verify_s'] / row['ours_step_s']:.2f}x a decode step")
     b1 = [r for r in result["rows"] if r["batch"] == 1]
     if b1:
         print(f"\nbatch-1 step / floor: {b1[0]['ours_step_s'] / floor:.2f}x")

@@ -37,8 +37,10 @@ class LLMEngine:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         device = torch.device(config.device)
-        model = load_model(config.model_path, config.torch_dtype, device)
-        self.runner = ModelRunner(model, config.num_slots, config.max_model_len, config.torch_dtype, device)
+        model = load_model(config.model_path, config.torch_dtype, device, compiled=bool(config.compile_sizes))
+        self.runner = ModelRunner(model, config.num_slots, config.max_model_len, config.torch_dtype, device,
+                                  config.compile_sizes)
+        self.runner.warm_up("compiling the target")
         spec = config.speculative
         self.spec_metrics = SpecDecodeMetrics()
         self.proposer = None

@@ -4,9 +4,21 @@ import itertools
 from dataclasses import dataclass
 
 import torch
+from tqdm import tqdm
 
+from minedraft.engine.compiled_forward import CompiledForward
 from minedraft.kv_cache import KVCache
-from minedraft.models.llama import BatchMeta, Decoder, rope_tables
+from minedraft.models.loader import cache_root
+from minedraft.models.attention import BatchLayout, batch_layout
+from minedraft.models.llama import Decoder, rope_tables
+
+
+def logits_pass(model: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor, logit_index: torch.Tensor,
+                rope: tuple[torch.Tensor, torch.Tensor], k_cache: torch.Tensor, v_cache: torch.Tensor,
+                **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One forward pass: logits of the tokens at `logit_index`, and the model's other states."""
+    hidden, extra = model(input_ids, positions, rope, k_cache, v_cache, **inputs)
+    return model.compute_logits(hidden[logit_index]), extra
 
 
 @dataclass
@@ -17,12 +29,31 @@ class Row:
 
 
 class ModelRunner:
-    def __init__(self, model: Decoder, num_slots: int, max_len: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, model: Decoder, num_slots: int, max_len: int, dtype: torch.dtype, device: torch.device,
+                 compile_sizes: tuple[int, ...] = ()):
+        """`compile_sizes`: token counts to run through a compiled forward pass (`CompiledForward`);
+        empty: always eager."""
         args = model.args
         self.model = model
         self.device = device
         self.cache = KVCache(args.num_layers, num_slots, max_len, args.num_kv_heads, args.head_dim, dtype, device)
-        self.cos, self.sin = (t.to(device) for t in rope_tables(args, max_len, dtype))
+        self.rope = tuple(t.to(device) for t in rope_tables(args, max_len, dtype))
+        self.compiled = CompiledForward(logits_pass, compile_sizes, cache_root() / "inductor") if compile_sizes else None
+
+    def warm_up(self, desc: str, **inputs) -> None:
+        """Build every compiled graph now, with a progress bar, rather than on each size's first use.
+        `inputs`: extra model inputs as [1, ...] tensors (repeated to each size) or plain values."""
+        if self.compiled is None or not self.cache.num_free:
+            return
+        slot = self.cache.allocate()
+        try:
+            for size in tqdm(self.compiled.sizes, desc=desc, unit="graph", leave=False):
+                self.run([Row(slot, [0] * size, size)],
+                         **{k: v.expand(size, *v.shape[1:]) if isinstance(v, torch.Tensor) else v
+                            for k, v in inputs.items()})
+                self.cache.lengths[slot] = 0
+        finally:
+            self.cache.free(slot)
 
     def forward(self, rows: list[Row], **inputs) -> torch.Tensor:
         """Logits [sum of num_logits, vocab], row by row in order; advances each slot's length."""
@@ -33,13 +64,31 @@ class ModelRunner:
         """Logits as `forward`, and the states the model returns beside them for every new token,
         row after row (a target's auxiliary layers, an EAGLE-3 head's next features), or None.
         `inputs` go to the model as they are (e.g. `aux_layers`, `features`)."""
-        meta, input_ids, logit_index = self.prepare(rows)
-        hidden, extra = self.model(input_ids, meta, self.cache.k, self.cache.v, **inputs)
+        layout, input_ids, positions, logit_index = self.prepare(rows)
+        forward = self.compiled or logits_pass
+        with batch_layout(layout):
+            logits, extra = forward(self.model, input_ids, positions, logit_index, self.rope, self.cache.k,
+                                    self.cache.v, **inputs)
+        self._advance(rows)
+        return logits, extra
+
+    @torch.inference_mode()
+    def hidden_states(self, rows: list[Row], **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The model's final hidden state for every new token, and its states beside them (as `run`),
+        without logits; advances each slot's length."""
+        layout, input_ids, positions, _ = self.prepare(rows)
+        with batch_layout(layout):
+            out = self.model(input_ids, positions, self.rope, self.cache.k, self.cache.v, **inputs)
+        self._advance(rows)
+        return out
+
+    def _advance(self, rows: list[Row]) -> None:
         for row in rows:
             self.cache.lengths[row.slot] += len(row.tokens)
-        return self.model.compute_logits(hidden[logit_index]), extra
 
-    def prepare(self, rows: list[Row]) -> tuple[BatchMeta, torch.Tensor, torch.Tensor]:
+    def prepare(self, rows: list[Row]) -> tuple[BatchLayout, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The batch's cache layout, its tokens and their positions (packed, row after row), and the
+        index of each token whose logits are asked for."""
         lengths = self.cache.lengths
         B, T = len(rows), max(len(r.tokens) for r in rows)
         starts = [lengths[r.slot] for r in rows]
@@ -71,7 +120,8 @@ class ModelRunner:
             per_row = [(slot, n, None if T == 1 else (keys[None, :n] <= positions[b, :, None])[None, None])
                        for b, (slot, n) in enumerate(zip(slots, kv_lens))]
         token_pos = positions[real]
-        meta = BatchMeta(
+        layout = BatchLayout(
+            num_tokens=len(input_ids),
             rows=slice(slots[0], slots[0] + B) if batched else None,
             per_row=per_row,
             write_slots=slot_t[:, None].expand(B, T)[real],
@@ -80,11 +130,9 @@ class ModelRunner:
             valid=None if all(n == T for n in counts) else real.flatten().nonzero().squeeze(1),
             kv_len=kv_len,
             mask=mask,
-            cos=self.cos[token_pos][:, None, :],
-            sin=self.sin[token_pos][:, None, :],
         )
         ends = itertools.accumulate(counts)
         logit_index = torch.tensor(
             [i for end, row in zip(ends, rows) for i in range(end - row.num_logits, end)], device=dev
         )
-        return meta, input_ids, logit_index
+        return layout, input_ids, token_pos, logit_index

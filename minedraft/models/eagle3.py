@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from minedraft.models.hf_format import ModelArgs
-from minedraft.models.llama import MLP, Attention, BatchMeta, Linear, RMSNorm, cpu_packing_supported
+from minedraft.models.llama import MLP, Attention, Linear, RMSNorm, cpu_packing_supported, token_rope
 from minedraft.models.loader import read_config, read_safetensors
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -95,12 +95,14 @@ class Eagle3Head(nn.Module):
         return self.norm(x), x
 
     def forward(
-        self, input_ids: torch.Tensor, meta: BatchMeta, k_cache: torch.Tensor, v_cache: torch.Tensor,
-        features: torch.Tensor,
+        self, input_ids: torch.Tensor, positions: torch.Tensor, rope_tables: tuple[torch.Tensor, torch.Tensor],
+        k_cache: torch.Tensor, v_cache: torch.Tensor, features: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """For N new tokens (row after row) and the feature of each one's previous position."""
+        """For N new tokens (row after row, as `Decoder.forward`) and the feature of each one's
+        previous position."""
+        rope = token_rope(rope_tables, positions)
         return self.layer(self.embed[input_ids], self.features(features),
-                          lambda x: self.attn(x, meta, k_cache[0], v_cache[0]))
+                          lambda x: self.attn(x, rope, k_cache, v_cache))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary only (`draft_to_target` maps its ids to the target's):
@@ -137,9 +139,11 @@ def _hf_to_ours(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_eagle3(folder: Path, dtype: torch.dtype, device: torch.device, embedding: torch.Tensor) -> Eagle3Head:
+def load_eagle3(folder: Path, dtype: torch.dtype, device: torch.device, embedding: torch.Tensor,
+                compiled: bool = False) -> Eagle3Head:
     """An EAGLE-3 head from a public-layout folder; `embedding` is the target's input embedding,
-    used unless the checkpoint carries its own. Runs no code from the checkpoint."""
+    used unless the checkpoint carries its own; `compiled` as `loader.load_model`. Runs no code from
+    the checkpoint."""
     tensors = read_safetensors(folder)
     args = Eagle3Args.from_hf(read_config(folder))
     with torch.device("meta"):
@@ -163,7 +167,7 @@ def load_eagle3(folder: Path, dtype: torch.dtype, device: torch.device, embeddin
     if device.type == "cpu" and cpu_packing_supported(dtype):
         for module in head.modules():
             if isinstance(module, Linear):
-                module.pack(keep_dense=dtype == torch.float32)
+                module.pack(keep_dense=dtype == torch.float32 or compiled)  # as loader.load_model
     return head
 
 

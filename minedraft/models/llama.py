@@ -6,11 +6,12 @@ row after row with no padding, through everything but attention, which sees rows
 """
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from minedraft.models.attention import attend
 
 from minedraft.models.hf_format import ModelArgs
 
@@ -42,6 +43,11 @@ def rope_tables(args: ModelArgs, max_len: int, dtype: torch.dtype) -> tuple[torc
     return cos.to(dtype), signed_sin.to(dtype)
 
 
+def token_rope(tables: tuple[torch.Tensor, torch.Tensor], positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's rows of the (cos, signed sin) tables, shaped [N, 1, head_dim] to rotate every head."""
+    return tables[0][positions][:, None], tables[1][positions][:, None]
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.dtype in (torch.float32, torch.float64):
         return F.rms_norm(x, weight.shape, weight, eps)  # fused; same arithmetic as below
@@ -67,23 +73,6 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torc
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
-@dataclass
-class BatchMeta:
-    """Where a batch of B rows of up to T new tokens (N in all) sits in the KV cache; built once per
-    step by the runner."""
-
-    rows: slice | None  # consecutive cache slots attended in one call (a view: no copy) ...
-    per_row: list[tuple[int, int, torch.Tensor | None]] | None  # ... or (slot, kv length, mask) per row
-    write_slots: torch.Tensor  # [N] slot of each token
-    write_pos: torch.Tensor  # [N] cache position of each token
-    padded_shape: tuple[int, int]  # (B, T) for attention
-    valid: torch.Tensor | None  # [N] each token's index in the padded B * T layout; None: no padding
-    kv_len: int  # keys to attend over: max over rows of cached + new tokens
-    mask: torch.Tensor | None  # [B, 1, T, kv_len] True where a query may attend; None: attend all (batched)
-    cos: torch.Tensor  # [N, 1, head_dim]
-    sin: torch.Tensor
-
-
 def cpu_packing_supported(dtype: torch.dtype) -> bool:
     """Whether oneDNN multiplies this dtype with pre-packed weights on this CPU (float32 anywhere it
     is built in; bfloat16 only with AVX512-BF16 or AMX)."""
@@ -106,7 +95,10 @@ class Linear(nn.Module):
         self.packed: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None and (self.weight is None or x.numel() > x.shape[-1]):
+        # A compiled graph multiplies the dense copy with its own kernels (oneDNN's packed tensors
+        # would keep it out of Inductor's on-disk cache).
+        if self.packed is not None and not torch.compiler.is_compiling() and (
+                self.weight is None or x.numel() > x.shape[-1]):
             y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), self.packed, self.bias, "none", [], "")
             return y.view(*x.shape[:-1], y.shape[-1])
         y = x @ self.weight
@@ -127,42 +119,28 @@ class Linear(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs, input_size: int | None = None):
+    def __init__(self, args: ModelArgs, input_size: int | None = None, layer: int = 0):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
+        self.layer = layer  # which of the cache's layers holds this one's keys and values
         q_size, kv_size = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
         self.qkv = Linear(input_size or args.hidden_size, q_size + 2 * kv_size, bias=args.qkv_bias)
         self.o_proj = Linear(q_size, args.hidden_size, bias=args.o_bias)
         self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
 
-    def forward(self, x: torch.Tensor, meta: BatchMeta, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        N, (B, T) = x.shape[0], meta.padded_shape
-        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], k_cache: torch.Tensor,
+                v_cache: torch.Tensor) -> torch.Tensor:
+        """x: [N, input]; rope: each token's (cos, signed sin), [N, 1, head_dim]; the caches hold
+        every layer ([layer, slot, ...]); where the rows sit comes from `attention.batch_layout`."""
+        N, H, Hkv, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv(x)
         v = qkv[:, (H + Hkv) * D :].view(N, Hkv, D)
         qk = qkv[:, : (H + Hkv) * D].view(N, H + Hkv, D)
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :H]), self.k_norm(qk[:, H:])), dim=1)
-        qk = rotate(qk, meta.cos, meta.sin)  # queries and keys together: half the small ops
-        q, k = qk[:, :H], qk[:, H:]
-        # Cache layout [slot, kv_head, position, head_dim]: write the new keys, read each row's prefix.
-        k_cache[meta.write_slots, :, meta.write_pos] = k
-        v_cache[meta.write_slots, :, meta.write_pos] = v
-        if meta.valid is not None:  # queries into the padded layout (padding queries are zeros, unused)
-            q = q.new_zeros(B * T, H, D).index_copy_(0, meta.valid, q)
-        q = q.view(B, T, H, D).transpose(1, 2)
-        if meta.rows is not None:
-            keys, values = k_cache[meta.rows, :, : meta.kv_len], v_cache[meta.rows, :, : meta.kv_len]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=meta.mask, enable_gqa=True)
-        else:
-            out = torch.cat([
-                F.scaled_dot_product_attention(q[b : b + 1], k_cache[slot : slot + 1, :, :n],
-                                               v_cache[slot : slot + 1, :, :n], attn_mask=mask, enable_gqa=True)
-                for b, (slot, n, mask) in enumerate(meta.per_row)
-            ])
-        out = out.transpose(1, 2).reshape(B * T, H * D)
-        return self.o_proj(out if meta.valid is None else out[meta.valid])
+        qk = rotate(qk, *rope)  # queries and keys together: half the small ops
+        return self.o_proj(attend(qk[:, :H], qk[:, H:], v, k_cache, v_cache, self.layer))
 
 
 class MLP(nn.Module):
@@ -178,15 +156,16 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, layer: int):
         super().__init__()
         self.attn_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.attn = Attention(args)
+        self.attn = Attention(args, layer=layer)
         self.mlp_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = MLP(args)
 
-    def forward(self, x: torch.Tensor, meta: BatchMeta, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), meta, k_cache, v_cache)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], k_cache: torch.Tensor,
+                v_cache: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, k_cache, v_cache)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -196,7 +175,7 @@ class Decoder(nn.Module):
         self.args = args
         # Tied models keep one [hidden, vocab] matrix: the LM head, whose columns are the embeddings.
         self.embed = None if args.tie_word_embeddings else nn.Parameter(torch.empty(args.vocab_size, args.hidden_size))
-        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.lm_head = Linear(args.hidden_size, args.draft_vocab_size or args.vocab_size, bias=False)
         self.draft_vocab = None if args.draft_vocab_size is None else nn.Buffer(
@@ -217,19 +196,21 @@ class Decoder(nn.Module):
         return self.lm_head.weight.T if self.embed is None else self.embed
 
     def forward(
-        self, input_ids: torch.Tensor, meta: BatchMeta, k_cache: torch.Tensor, v_cache: torch.Tensor,
-        aux_layers: tuple[int, ...] = (),
+        self, input_ids: torch.Tensor, positions: torch.Tensor, rope_tables: tuple[torch.Tensor, torch.Tensor],
+        k_cache: torch.Tensor, v_cache: torch.Tensor, aux_layers: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Hidden states [N, hidden] after the final norm for the N new tokens (`input_ids`, row after
-        row); k_cache/v_cache are [layers, slots, ...]. Second: the inputs of the `aux_layers`
+        row, at cache `positions`); `rope_tables` are `rope_tables`' (cos, signed sin) for every
+        position; k_cache/v_cache are [layers, slots, ...]. Second: the inputs of the `aux_layers`
         (the residual stream before each), side by side, [N, len(aux_layers) * hidden], what an
         EAGLE-3 head reads; None when no layer is asked for."""
         x = self.input_embedding[input_ids]
+        rope = token_rope(rope_tables, positions)
         states = {}
         for i, layer in enumerate(self.layers):
             if i in aux_layers:
                 states[i] = x
-            x = layer(x, meta, k_cache[i], v_cache[i])
+            x = layer(x, rope, k_cache, v_cache)
         return self.norm(x), torch.cat([states[i] for i in aux_layers], dim=-1) if aux_layers else None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

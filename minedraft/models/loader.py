@@ -155,10 +155,12 @@ def read_embedding(folder: Path) -> torch.Tensor:
 
 
 def load_model(
-    folder: Path, dtype: torch.dtype, device: torch.device, embedding: torch.Tensor | None = None
+    folder: Path, dtype: torch.dtype, device: torch.device, embedding: torch.Tensor | None = None,
+    compiled: bool = False,
 ) -> Decoder:
     """Build our decoder from a Hugging Face folder without running any code from the checkpoint.
-    A drafter that shares its target's input embedding takes it as `embedding` ([vocab, hidden])."""
+    A drafter that shares its target's input embedding takes it as `embedding` ([vocab, hidden]).
+    `compiled`: the model will also run compiled graphs, which multiply the dense weights."""
     args = ModelArgs.from_hf(read_config(folder))
     if args.shared_embedding and embedding is None:
         raise ValueError(f"draft model {str(folder)!r} uses its target's embedding: load it with its target")
@@ -179,7 +181,7 @@ def load_model(
     model.eval().requires_grad_(False)
     if device.type == "cpu" and cpu_packing_supported(dtype):
         # float32 keeps its [in, out] copy too: one row streams it faster than the packed one.
-        model.pack(keep_dense=dtype == torch.float32)
+        model.pack(keep_dense=dtype == torch.float32 or compiled)
     return model
 
 

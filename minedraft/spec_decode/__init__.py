@@ -26,17 +26,20 @@ def make_proposer(config: EngineConfig, target: Decoder) -> Proposer:
         pin(tuple(spec.target_cpus) if spec.target_cpus else None)
         address = spec.rendezvous or f"tcp://127.0.0.1:{free_port()}"
         args = WorkerArgs(str(spec.model_path), str(c.model_path), c.dtype, spec.draft_device, c.num_slots,
-                          c.max_model_len, spec.draft_cpus, address, c.seed + 1)
+                          c.max_model_len, spec.draft_cpus, address, c.seed + 1, list(c.compile_sizes))
         aux_layers = ()
         if spec.method == "eagle3":
             aux_layers = Eagle3Args.from_hf(read_config(spec.model_path)).aux_layers(target.args.num_layers)
         return RemoteDrafter(args, spec.draft_timeout_s, aux_layers)
     if spec.method == "eagle3":
-        head = load_eagle3(spec.model_path, c.torch_dtype, device, target.input_embedding)
-        return Eagle3Proposer(head, target.args.num_layers, c.num_slots, c.max_model_len, c.torch_dtype, device)
+        head = load_eagle3(spec.model_path, c.torch_dtype, device, target.input_embedding,
+                           compiled=bool(c.compile_sizes))
+        return Eagle3Proposer(head, target.args.num_layers, c.num_slots, c.max_model_len, c.torch_dtype, device,
+                              c.compile_sizes)
     draft = target if spec.model == "self" else load_model(spec.model_path, c.torch_dtype, device,
-                                                           embedding=target.input_embedding)
-    return DraftModelProposer(draft, c.num_slots, c.max_model_len, c.torch_dtype, device)
+                                                           embedding=target.input_embedding,
+                                                           compiled=bool(c.compile_sizes))
+    return DraftModelProposer(draft, c.num_slots, c.max_model_len, c.torch_dtype, device, c.compile_sizes)
 
 
 __all__ = ["DraftModelProposer", "Eagle3Proposer", "NgramProposer", "Proposer", "RemoteDrafter", "make_proposer"]

@@ -32,8 +32,10 @@ class DraftModelProposer(Proposer):
     drafts were accepted (the last draft was never fed to it).
     """
 
-    def __init__(self, model: Decoder, num_slots: int, max_len: int, dtype: torch.dtype, device: torch.device):
-        self.runner = ModelRunner(model, num_slots, max_len, dtype, device)
+    def __init__(self, model: Decoder, num_slots: int, max_len: int, dtype: torch.dtype, device: torch.device,
+                 compile_sizes: tuple[int, ...] = ()):
+        self.runner = ModelRunner(model, num_slots, max_len, dtype, device, compile_sizes)
+        self.runner.warm_up("compiling the drafter")
         # A reduced head scores its own tokens: their ids in the target's vocabulary, and its size.
         self.vocab = None if model.draft_vocab is None else (model.draft_vocab, model.args.vocab_size)
         self.slots: dict[int, int] = {}

@@ -33,9 +33,10 @@ class WorkerArgs:
     cpus: list[int] | None
     init_method: str
     seed: int
+    compile_sizes: list[int]  # the drafter's compiled forward (EngineConfig.compile_sizes)
 
 
-READY_TIMEOUT_S = 300.0  # for the drafter process to start and load its model
+READY_TIMEOUT_S = 600.0  # for the drafter process to start, load its model and compile its forward pass
 
 
 def pin(cpus: tuple[int, ...] | None) -> None:

@@ -37,13 +37,14 @@ def make_proposer(args: WorkerArgs, device: torch.device, dtype: torch.dtype) ->
     """A draft model, or an EAGLE-3 head (both may read the target's input embedding)."""
     draft_path, target_path = Path(args.model_path), Path(args.target_path)
     config = read_config(draft_path)
+    sizes, compiled = tuple(args.compile_sizes), bool(args.compile_sizes)
     if is_eagle3(config):
-        head = load_eagle3(draft_path, dtype, device, read_embedding(target_path))
+        head = load_eagle3(draft_path, dtype, device, read_embedding(target_path), compiled=compiled)
         target_layers = read_config(target_path)["num_hidden_layers"]
-        return Eagle3Proposer(head, target_layers, args.num_slots, args.max_len, dtype, device)
+        return Eagle3Proposer(head, target_layers, args.num_slots, args.max_len, dtype, device, sizes)
     embedding = read_embedding(target_path) if uses_target_embedding(config) else None
-    return DraftModelProposer(load_model(draft_path, dtype, device, embedding), args.num_slots, args.max_len,
-                              dtype, device)
+    return DraftModelProposer(load_model(draft_path, dtype, device, embedding, compiled=compiled), args.num_slots,
+                              args.max_len, dtype, device, sizes)
 
 
 def worker_main(args: WorkerArgs) -> None:

@@ -64,8 +64,7 @@ def extract_features(runner: ModelRunner, aux_layers: tuple[int, ...], samples: 
         slots = [runner.cache.allocate() for _ in batch]
         try:
             tokens = [torch.cat([samples[j]["prompt"], samples[j]["reply"]]).tolist() for j in batch]
-            meta, ids, _ = runner.prepare([Row(s, t) for s, t in zip(slots, tokens)])
-            final, aux = runner.model(ids, meta, runner.cache.k, runner.cache.v, aux_layers=aux_layers)
+            final, aux = runner.hidden_states([Row(s, t) for s, t in zip(slots, tokens)], aux_layers=aux_layers)
         finally:
             for slot in slots:
                 runner.cache.free(slot)

@@ -1,0 +1,111 @@
+"""A runner's forward pass compiled by Inductor for a few fixed token counts (CPU).
+
+Eager PyTorch pays per-operator overhead and uses MKL's matrix-vector products, so a one-token
+step on CPU takes far longer than streaming the weights once. Inductor with frozen weights and its
+C++ GEMM templates (`max_autotune`) fuses the element-wise work and multiplies a few rows near that
+floor (docs/BENCHMARKS.md, issue 15). Shapes are static, like vLLM's CUDA-graph capture sizes: N
+tokens run through the graph of the smallest compile size >= N, padded; bigger batches (prefill)
+run eagerly, where the products are large enough for oneDNN. Attention stays one opaque op
+(`models.attention`), so the cache layout, different every step, never enters a graph.
+"""
+
+import logging
+import os
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+INDUCTOR_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+                    "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
+
+Forward = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def _keep_frozen_graphs_cacheable() -> None:
+    """Freezing would pack linear weights into oneDNN tensors, which Inductor cannot pickle, so
+    each frozen graph would skip its on-disk cache and recompile at every start (about a minute
+    per size here). Register the freezing patterns once with that packing off; the C++ GEMM
+    templates pack the weights they multiply into plain tensors themselves."""
+    try:
+        from torch._inductor import config
+        from torch._inductor.fx_passes import freezing_patterns
+
+        with config.patch({"cpp.weight_prepack": False}):
+            freezing_patterns.lazy_init()
+    except (ImportError, AttributeError) as e:  # another torch: correct, only slower to start
+        log.info("frozen graphs will not be cached on disk: %s", e)
+
+
+class CompiledForward:
+    """Calls `forward(model, input_ids, positions, logit_index, *context, **inputs) -> (logits,
+    states)` through compiled graphs for token counts up to max(`sizes`), eagerly otherwise. Graphs are built on a
+    size's first use (or by `warm_up`) and cached on disk under `cache_dir`. Any compile failure
+    (no C++ compiler, an unsupported op) warns once and leaves every later call eager."""
+
+    def __init__(self, forward: Forward, sizes: tuple[int, ...], cache_dir: str | os.PathLike | None = None):
+        if not sizes or min(sizes) < 1:
+            raise ValueError(f"compile sizes must be positive token counts, got {sizes!r}")
+        if cache_dir is not None:  # the user's own TORCHINDUCTOR_CACHE_DIR wins
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir))
+        _keep_frozen_graphs_cacheable()
+        self.forward = forward
+        self.sizes = tuple(sorted(set(sizes)))
+        self.failed = False
+        self._ready: set[tuple] = set()  # (size, other inputs' shapes and values): one graph each
+        self._graph = torch.compile(forward, fullgraph=True, dynamic=False)
+
+    def size_for(self, num_tokens: int) -> int | None:
+        """The compiled size a batch of `num_tokens` runs in; None: eager."""
+        if self.failed:
+            return None
+        return next((s for s in self.sizes if s >= num_tokens), None)
+
+    def __call__(self, model: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
+                 logit_index: torch.Tensor, *context, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`model` is an argument, not reached through another object, so that its weights are
+        what Inductor freezes; `context` (rope tables, caches) passes through unpadded."""
+        n = len(input_ids)
+        size = self.size_for(n)
+        if size is None:
+            return self.forward(model, input_ids, positions, logit_index, *context, **inputs)
+        # Padding tokens read position 0 and write nothing (the attention op stops at the layout's N).
+        padded = {k: _pad(v, n, size) if isinstance(v, torch.Tensor) and len(v) == n else v
+                  for k, v in inputs.items()}
+        args = (model, _pad(input_ids, n, size), _pad(positions, n, size), _pad(logit_index, len(logit_index), size),
+                *context)
+        key = (size, *((k, v.shape[1:] if isinstance(v, torch.Tensor) else v) for k, v in sorted(inputs.items())))
+        if key not in self._ready:
+            out = self._first_call(key, args, padded)
+            if out is None:
+                return self.forward(model, input_ids, positions, logit_index, *context, **inputs)
+        else:
+            out = self._graph(*args, **padded)
+        logits, states = out
+        return logits[: len(logit_index)], None if states is None else states[:n]
+
+    def _first_call(self, key: tuple, args: tuple, inputs: dict) -> tuple | None:
+        start = time.perf_counter()
+        try:
+            # Compilation happens in this call. Each graph (of every runner: target, drafter) is one
+            # more entry in Dynamo's cache for the same function: allow them all. (Inductor's options
+            # are patched here: torch.compile does not apply `freezing` from its `options`.)
+            with torch._dynamo.config.patch(recompile_limit=64), \
+                    torch._inductor.config.patch(INDUCTOR_OPTIONS):
+                out = self._graph(*args, **inputs)
+        except Exception as e:  # noqa: BLE001 (any compiler failure means: run eagerly)
+            self.failed = True
+            warnings.warn(f"compiling the forward pass failed, running eagerly from now on "
+                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})", stacklevel=3)
+            return None
+        self._ready.add(key)
+        log.info("forward pass compiled for %d tokens in %.1f s", key[0], time.perf_counter() - start)
+        return out
+
+
+def _pad(t: torch.Tensor, n: int, size: int) -> torch.Tensor:
+    """`t` ([n, ...]) with zero rows appended up to `size` rows."""
+    return t if n == size else torch.cat((t, t.new_zeros(size - n, *t.shape[1:])))

@@ -1,0 +1,92 @@
+"""Attention of a batch of rows over the KV cache, as one opaque operator.
+
+The runner describes where each row sits in the cache (`BatchLayout`) once per step and sets it
+for the forward pass (`batch_layout`); every attention layer reads it from there. A compiled
+forward pass therefore sees attention as a single custom op whose inputs are plain tensors of a
+fixed shape, and the cache layout (slots, lengths, masks: different every step) never becomes part
+of a compiled graph (the same split vLLM makes with its forward context).
+"""
+
+import contextvars
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class BatchLayout:
+    """Where a batch of B rows of up to T new tokens (N in all) sits in the KV cache."""
+
+    num_tokens: int  # N; a compiled pass may carry padding tokens after these
+    rows: slice | None  # consecutive cache slots attended in one call (a view: no copy) ...
+    per_row: list[tuple[int, int, torch.Tensor | None]] | None  # ... or (slot, kv length, mask) per row
+    write_slots: torch.Tensor  # [N] slot of each token
+    write_pos: torch.Tensor  # [N] cache position of each token
+    padded_shape: tuple[int, int]  # (B, T) for attention
+    valid: torch.Tensor | None  # [N] each token's index in the padded B * T layout; None: no padding
+    kv_len: int  # keys to attend over: max over rows of cached + new tokens
+    mask: torch.Tensor | None  # [B, 1, T, kv_len] True where a query may attend; None: attend all (batched)
+
+
+# Per thread (the server's engine thread, a test's own engine): each forward pass sets its own.
+_layout: contextvars.ContextVar[BatchLayout] = contextvars.ContextVar("minedraft_batch_layout")
+
+
+@contextmanager
+def batch_layout(layout: BatchLayout) -> Iterator[None]:
+    token = _layout.set(layout)
+    try:
+        yield
+    finally:
+        _layout.reset(token)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+           layer: int) -> torch.Tensor:
+    """Write the new keys and values of layer `layer` into the cache ([layer, slot, kv_head,
+    position, head_dim]) and attend each new token's query over its row's prefix. q: [N', H, D],
+    k and v: [N', Hkv, D] with N' >= the layout's N (rows past N are padding); returns [N', H * D]."""
+    if torch.compiler.is_compiling():
+        return torch.ops.minedraft.cached_attention(q, k, v, k_cache, v_cache, layer)
+    return _attend(q, k, v, k_cache, v_cache, layer)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            layer: int) -> torch.Tensor:
+    meta = _layout.get()
+    padded, n = q.shape[0], meta.num_tokens
+    (B, T), H, D = meta.padded_shape, q.shape[1], q.shape[2]
+    k_cache, v_cache = k_cache[layer], v_cache[layer]
+    k_cache[meta.write_slots, :, meta.write_pos] = k[:n]
+    v_cache[meta.write_slots, :, meta.write_pos] = v[:n]
+    q = q[:n]
+    if meta.valid is not None:  # queries into the padded layout (padding queries are zeros, unused)
+        q = q.new_zeros(B * T, H, D).index_copy_(0, meta.valid, q)
+    q = q.view(B, T, H, D).transpose(1, 2)
+    if meta.rows is not None:
+        keys, values = k_cache[meta.rows, :, : meta.kv_len], v_cache[meta.rows, :, : meta.kv_len]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=meta.mask, enable_gqa=True)
+    else:
+        out = torch.cat([
+            F.scaled_dot_product_attention(q[b : b + 1], k_cache[slot : slot + 1, :, :kv],
+                                           v_cache[slot : slot + 1, :, :kv], attn_mask=mask, enable_gqa=True)
+            for b, (slot, kv, mask) in enumerate(meta.per_row)
+        ])
+    out = out.transpose(1, 2).reshape(B * T, H * D)
+    out = out if meta.valid is None else out[meta.valid]
+    return out if padded == n else torch.cat((out, out.new_zeros(padded - n, H * D)))
+
+
+@torch.library.custom_op("minedraft::cached_attention", mutates_args=("k_cache", "v_cache"))
+def _cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                      v_cache: torch.Tensor, layer: int) -> torch.Tensor:
+    return _attend(q, k, v, k_cache, v_cache, layer)
+
+
+@_cached_attention.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+      layer: int) -> torch.Tensor:
+    return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
