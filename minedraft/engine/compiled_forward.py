@@ -11,9 +11,9 @@ run eagerly, where the products are large enough for oneDNN. Attention stays one
 
 import logging
 import os
-import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -41,9 +41,10 @@ def _keep_frozen_graphs_cacheable() -> None:
 
 
 class CompiledForward:
-    """Calls `forward(model, input_ids, positions, logit_index, *context, **inputs) -> (logits,
-    states)` through compiled graphs for token counts up to max(`sizes`), eagerly otherwise. Graphs are built on a
-    size's first use (or by `warm_up`) and cached on disk under `cache_dir`. Any compile failure
+    """Calls `forward(model, input_ids, logit_index, rope, **inputs) -> (logits, states)` through
+    compiled graphs for token counts up to max(`sizes`), eagerly otherwise. A graph is built on
+    the first call with its size and input shapes (or by the runner's `warm_up`) and cached on disk
+    under `cache_dir`. Any compile failure
     (no C++ compiler, an unsupported op) warns once and leaves every later call eager."""
 
     def __init__(self, forward: Forward, sizes: tuple[int, ...], cache_dir: str | os.PathLike | None = None):
@@ -55,7 +56,6 @@ class CompiledForward:
         self.forward = forward
         self.sizes = tuple(sorted(set(sizes)))
         self.failed = False
-        self._ready: set[tuple] = set()  # (size, other inputs' shapes and values): one graph each
         self._graph = torch.compile(forward, fullgraph=True, dynamic=False)
 
     def size_for(self, num_tokens: int) -> int | None:
@@ -64,48 +64,42 @@ class CompiledForward:
             return None
         return next((s for s in self.sizes if s >= num_tokens), None)
 
-    def __call__(self, model: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
-                 logit_index: torch.Tensor, *context, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def __call__(self, model: torch.nn.Module, input_ids: torch.Tensor, logit_index: torch.Tensor,
+                 rope: tuple[torch.Tensor, torch.Tensor], **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`model` is an argument, not reached through another object, so that its weights are
-        what Inductor freezes; `context` (rope tables, caches) passes through unpadded."""
+        what Inductor freezes. Per-token tensors (ids, rope, `inputs` with N rows) are padded."""
         n = len(input_ids)
         size = self.size_for(n)
         if size is None:
-            return self.forward(model, input_ids, positions, logit_index, *context, **inputs)
-        # Padding tokens read position 0 and write nothing (the attention op stops at the layout's N).
+            return self.forward(model, input_ids, logit_index, rope, **inputs)
+        # Padding tokens write nothing and their outputs are dropped (the attention op stops at N).
         padded = {k: _pad(v, n, size) if isinstance(v, torch.Tensor) and len(v) == n else v
                   for k, v in inputs.items()}
-        args = (model, _pad(input_ids, n, size), _pad(positions, n, size), _pad(logit_index, len(logit_index), size),
-                *context)
-        key = (size, *((k, v.shape[1:] if isinstance(v, torch.Tensor) else v) for k, v in sorted(inputs.items())))
-        if key not in self._ready:
-            out = self._first_call(key, args, padded)
-            if out is None:
-                return self.forward(model, input_ids, positions, logit_index, *context, **inputs)
-        else:
-            out = self._graph(*args, **padded)
-        logits, states = out
-        return logits[: len(logit_index)], None if states is None else states[:n]
-
-    def _first_call(self, key: tuple, args: tuple, inputs: dict) -> tuple | None:
-        start = time.perf_counter()
+        args = (model, _pad(input_ids, n, size), _pad(logit_index, len(logit_index), size),
+                tuple(_pad(t, n, size) for t in rope))
         try:
-            # Compilation happens in this call. Each graph (of every runner: target, drafter) is one
-            # more entry in Dynamo's cache for the same function: allow them all. (Inductor's options
-            # are patched here: torch.compile does not apply `freezing` from its `options`.)
-            with torch._dynamo.config.patch(recompile_limit=64), \
-                    torch._inductor.config.patch(INDUCTOR_OPTIONS):
-                out = self._graph(*args, **inputs)
+            with _compiling():
+                logits, states = self._graph(*args, **padded)
         except Exception as e:  # noqa: BLE001 (any compiler failure means: run eagerly)
             self.failed = True
             warnings.warn(f"compiling the forward pass failed, running eagerly from now on "
                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})", stacklevel=3)
-            return None
-        self._ready.add(key)
-        log.info("forward pass compiled for %d tokens in %.1f s", key[0], time.perf_counter() - start)
-        return out
+            return self.forward(model, input_ids, logit_index, rope, **inputs)
+        return logits[: len(logit_index)], None if states is None else states[:n]
+
+
+@contextmanager
+def _compiling() -> Iterator[None]:
+    """A call may compile: a new size or new input shapes. Every graph of every runner (target,
+    drafter) is one more entry in Dynamo's cache of the same function, so allow many. Inductor's
+    options are patched rather than passed to torch.compile, which does not apply `freezing` from
+    its `options`. (Both patches cost about 0.06 ms a call.)"""
+    with torch._dynamo.config.patch(recompile_limit=256, accumulated_recompile_limit=1024), \
+            torch._inductor.config.patch(INDUCTOR_OPTIONS):
+        yield
 
 
 def _pad(t: torch.Tensor, n: int, size: int) -> torch.Tensor:
-    """`t` ([n, ...]) with zero rows appended up to `size` rows."""
-    return t if n == size else torch.cat((t, t.new_zeros(size - n, *t.shape[1:])))
+    """`t` ([n, ...]) with zero rows appended up to `size` rows, contiguous (a graph is built for
+    one memory layout of its inputs: another would compile again)."""
+    return t.contiguous() if n == size else torch.cat((t, t.new_zeros(size - n, *t.shape[1:])))

@@ -10,14 +10,13 @@ from minedraft.engine.compiled_forward import CompiledForward
 from minedraft.kv_cache import KVCache
 from minedraft.models.loader import cache_root
 from minedraft.models.attention import BatchLayout, batch_layout
-from minedraft.models.llama import Decoder, rope_tables
+from minedraft.models.llama import Decoder, rope_tables, token_rope
 
 
-def logits_pass(model: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor, logit_index: torch.Tensor,
-                rope: tuple[torch.Tensor, torch.Tensor], k_cache: torch.Tensor, v_cache: torch.Tensor,
-                **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+def logits_pass(model: torch.nn.Module, input_ids: torch.Tensor, logit_index: torch.Tensor,
+                rope: tuple[torch.Tensor, torch.Tensor], **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward pass: logits of the tokens at `logit_index`, and the model's other states."""
-    hidden, extra = model(input_ids, positions, rope, k_cache, v_cache, **inputs)
+    hidden, extra = model(input_ids, rope, **inputs)
     return model.compute_logits(hidden[logit_index]), extra
 
 
@@ -37,7 +36,7 @@ class ModelRunner:
         self.model = model
         self.device = device
         self.cache = KVCache(args.num_layers, num_slots, max_len, args.num_kv_heads, args.head_dim, dtype, device)
-        self.rope = tuple(t.to(device) for t in rope_tables(args, max_len, dtype))
+        self.rope_tables = tuple(t.to(device) for t in rope_tables(args, max_len, dtype))
         self.compiled = CompiledForward(logits_pass, compile_sizes, cache_root() / "inductor") if compile_sizes else None
 
     def warm_up(self, desc: str, **inputs) -> None:
@@ -64,11 +63,9 @@ class ModelRunner:
         """Logits as `forward`, and the states the model returns beside them for every new token,
         row after row (a target's auxiliary layers, an EAGLE-3 head's next features), or None.
         `inputs` go to the model as they are (e.g. `aux_layers`, `features`)."""
-        layout, input_ids, positions, logit_index = self.prepare(rows)
-        forward = self.compiled or logits_pass
+        layout, input_ids, rope, logit_index = self.prepare(rows)
         with batch_layout(layout):
-            logits, extra = forward(self.model, input_ids, positions, logit_index, self.rope, self.cache.k,
-                                    self.cache.v, **inputs)
+            logits, extra = (self.compiled or logits_pass)(self.model, input_ids, logit_index, rope, **inputs)
         self._advance(rows)
         return logits, extra
 
@@ -76,9 +73,9 @@ class ModelRunner:
     def hidden_states(self, rows: list[Row], **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The model's final hidden state for every new token, and its states beside them (as `run`),
         without logits; advances each slot's length."""
-        layout, input_ids, positions, _ = self.prepare(rows)
+        layout, input_ids, rope, _ = self.prepare(rows)
         with batch_layout(layout):
-            out = self.model(input_ids, positions, self.rope, self.cache.k, self.cache.v, **inputs)
+            out = self.model(input_ids, rope, **inputs)
         self._advance(rows)
         return out
 
@@ -86,9 +83,10 @@ class ModelRunner:
         for row in rows:
             self.cache.lengths[row.slot] += len(row.tokens)
 
-    def prepare(self, rows: list[Row]) -> tuple[BatchLayout, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The batch's cache layout, its tokens and their positions (packed, row after row), and the
-        index of each token whose logits are asked for."""
+    def prepare(self, rows: list[Row]) -> tuple[BatchLayout, torch.Tensor, tuple[torch.Tensor, torch.Tensor],
+                                                 torch.Tensor]:
+        """The batch's cache layout, its tokens (packed, row after row) and their rotary (cos, sin),
+        and the index of each token whose logits are asked for."""
         lengths = self.cache.lengths
         B, T = len(rows), max(len(r.tokens) for r in rows)
         starts = [lengths[r.slot] for r in rows]
@@ -121,6 +119,8 @@ class ModelRunner:
                        for b, (slot, n) in enumerate(zip(slots, kv_lens))]
         token_pos = positions[real]
         layout = BatchLayout(
+            k_cache=self.cache.k,
+            v_cache=self.cache.v,
             num_tokens=len(input_ids),
             rows=slice(slots[0], slots[0] + B) if batched else None,
             per_row=per_row,
@@ -135,4 +135,4 @@ class ModelRunner:
         logit_index = torch.tensor(
             [i for end, row in zip(ends, rows) for i in range(end - row.num_logits, end)], device=dev
         )
-        return layout, input_ids, token_pos, logit_index
+        return layout, input_ids, token_rope(self.rope_tables, token_pos), logit_index

@@ -1,10 +1,12 @@
 """Attention of a batch of rows over the KV cache, as one opaque operator.
 
-The runner describes where each row sits in the cache (`BatchLayout`) once per step and sets it
-for the forward pass (`batch_layout`); every attention layer reads it from there. A compiled
-forward pass therefore sees attention as a single custom op whose inputs are plain tensors of a
-fixed shape, and the cache layout (slots, lengths, masks: different every step) never becomes part
-of a compiled graph (the same split vLLM makes with its forward context).
+The runner describes where each row sits in the cache (`BatchLayout`, the cache included) once per
+step and sets it for the forward pass (`batch_layout`); every attention layer reads it from there.
+A compiled forward pass therefore sees attention as a single custom op whose inputs are the new
+tokens' queries, keys and values, and neither the cache layout (slots, lengths, masks: different
+every step) nor the cache's shape (slots, max_model_len) becomes part of a compiled graph, which
+one graph then serves for every engine configuration (the split vLLM makes with its forward
+context).
 """
 
 import contextvars
@@ -20,6 +22,8 @@ import torch.nn.functional as F
 class BatchLayout:
     """Where a batch of B rows of up to T new tokens (N in all) sits in the KV cache."""
 
+    k_cache: torch.Tensor  # [layer, slot, kv_head, position, head_dim]
+    v_cache: torch.Tensor
     num_tokens: int  # N; a compiled pass may carry padding tokens after these
     rows: slice | None  # consecutive cache slots attended in one call (a view: no copy) ...
     per_row: list[tuple[int, int, torch.Tensor | None]] | None  # ... or (slot, kv length, mask) per row
@@ -44,22 +48,20 @@ def batch_layout(layout: BatchLayout) -> Iterator[None]:
         _layout.reset(token)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-           layer: int) -> torch.Tensor:
-    """Write the new keys and values of layer `layer` into the cache ([layer, slot, kv_head,
-    position, head_dim]) and attend each new token's query over its row's prefix. q: [N', H, D],
-    k and v: [N', Hkv, D] with N' >= the layout's N (rows past N are padding); returns [N', H * D]."""
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+    """Write the new keys and values of layer `layer` into the step's cache and attend each new
+    token's query over its row's prefix. q: [N', H, D], k and v: [N', Hkv, D] with N' >= the
+    layout's N (rows past N are padding); returns [N', H * D]."""
     if torch.compiler.is_compiling():
-        return torch.ops.minedraft.cached_attention(q, k, v, k_cache, v_cache, layer)
-    return _attend(q, k, v, k_cache, v_cache, layer)
+        return torch.ops.minedraft.cached_attention(q, k, v, layer)
+    return _attend(q, k, v, layer)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            layer: int) -> torch.Tensor:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
     meta = _layout.get()
     padded, n = q.shape[0], meta.num_tokens
     (B, T), H, D = meta.padded_shape, q.shape[1], q.shape[2]
-    k_cache, v_cache = k_cache[layer], v_cache[layer]
+    k_cache, v_cache = meta.k_cache[layer], meta.v_cache[layer]
     k_cache[meta.write_slots, :, meta.write_pos] = k[:n]
     v_cache[meta.write_slots, :, meta.write_pos] = v[:n]
     q = q[:n]
@@ -80,13 +82,13 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Te
     return out if padded == n else torch.cat((out, out.new_zeros(padded - n, H * D)))
 
 
-@torch.library.custom_op("minedraft::cached_attention", mutates_args=("k_cache", "v_cache"))
-def _cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                      v_cache: torch.Tensor, layer: int) -> torch.Tensor:
-    return _attend(q, k, v, k_cache, v_cache, layer)
+# The cache it writes is no input of the graph: to the compiler the op is a function of q, k, v and
+# the layer, which is all it must know to keep each layer's call in order (its output feeds the next).
+@torch.library.custom_op("minedraft::cached_attention", mutates_args=())
+def _cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+    return _attend(q, k, v, layer)
 
 
 @_cached_attention.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-      layer: int) -> torch.Tensor:
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
     return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])

@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from minedraft.models.hf_format import ModelArgs
-from minedraft.models.llama import MLP, Attention, Linear, RMSNorm, cpu_packing_supported, token_rope
+from minedraft.models.llama import MLP, Attention, Linear, RMSNorm, cpu_packing_supported
 from minedraft.models.loader import read_config, read_safetensors
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -95,14 +95,11 @@ class Eagle3Head(nn.Module):
         return self.norm(x), x
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, rope_tables: tuple[torch.Tensor, torch.Tensor],
-        k_cache: torch.Tensor, v_cache: torch.Tensor, features: torch.Tensor,
+        self, input_ids: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], features: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """For N new tokens (row after row, as `Decoder.forward`) and the feature of each one's
         previous position."""
-        rope = token_rope(rope_tables, positions)
-        return self.layer(self.embed[input_ids], self.features(features),
-                          lambda x: self.attn(x, rope, k_cache, v_cache))
+        return self.layer(self.embed[input_ids], self.features(features), lambda x: self.attn(x, rope))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary only (`draft_to_target` maps its ids to the target's):

@@ -129,10 +129,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], k_cache: torch.Tensor,
-                v_cache: torch.Tensor) -> torch.Tensor:
-        """x: [N, input]; rope: each token's (cos, signed sin), [N, 1, head_dim]; the caches hold
-        every layer ([layer, slot, ...]); where the rows sit comes from `attention.batch_layout`."""
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x: [N, input]; rope: each token's (cos, signed sin), [N, 1, head_dim]; the cache and
+        where the rows sit in it come from `attention.batch_layout`."""
         N, H, Hkv, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv(x)
         v = qkv[:, (H + Hkv) * D :].view(N, Hkv, D)
@@ -140,7 +139,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :H]), self.k_norm(qk[:, H:])), dim=1)
         qk = rotate(qk, *rope)  # queries and keys together: half the small ops
-        return self.o_proj(attend(qk[:, :H], qk[:, H:], v, k_cache, v_cache, self.layer))
+        return self.o_proj(attend(qk[:, :H], qk[:, H:], v, self.layer))
 
 
 class MLP(nn.Module):
@@ -163,9 +162,8 @@ class DecoderLayer(nn.Module):
         self.mlp_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = MLP(args)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], k_cache: torch.Tensor,
-                v_cache: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, k_cache, v_cache)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -196,21 +194,19 @@ class Decoder(nn.Module):
         return self.lm_head.weight.T if self.embed is None else self.embed
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, rope_tables: tuple[torch.Tensor, torch.Tensor],
-        k_cache: torch.Tensor, v_cache: torch.Tensor, aux_layers: tuple[int, ...] = (),
+        self, input_ids: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], aux_layers: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Hidden states [N, hidden] after the final norm for the N new tokens (`input_ids`, row after
-        row, at cache `positions`); `rope_tables` are `rope_tables`' (cos, signed sin) for every
-        position; k_cache/v_cache are [layers, slots, ...]. Second: the inputs of the `aux_layers`
+        row); `rope` is their rows of the (cos, signed sin) tables (`token_rope`); the KV cache comes
+        with the step's `attention.batch_layout`. Second: the inputs of the `aux_layers`
         (the residual stream before each), side by side, [N, len(aux_layers) * hidden], what an
         EAGLE-3 head reads; None when no layer is asked for."""
         x = self.input_embedding[input_ids]
-        rope = token_rope(rope_tables, positions)
         states = {}
         for i, layer in enumerate(self.layers):
             if i in aux_layers:
                 states[i] = x
-            x = layer(x, rope, k_cache, v_cache)
+            x = layer(x, rope)
         return self.norm(x), torch.cat([states[i] for i in aux_layers], dim=-1) if aux_layers else None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

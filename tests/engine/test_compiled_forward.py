@@ -74,3 +74,18 @@ def test_compile_settings_are_validated(tiny_llama):
             EngineConfig(str(tiny_llama), compile_sizes=bad)
     with pytest.raises(ValueError, match="enforce_eager"):
         EngineConfig(str(tiny_llama), enforce_eager="yes")
+
+
+def test_graphs_are_cached_on_disk_and_shared_across_cache_shapes(tiny_llama, tmp_path, monkeypatch):
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    kwargs = dict(dtype="float64", compile_sizes=[1])
+    with LLM(str(tiny_llama), max_num_seqs=4, max_model_len=64, **kwargs):
+        pass
+    assert any(tmp_path.glob("fxgraph/*/*")), "the frozen graph was not written to the cache"
+    hits = counters["inductor"]["fxgraph_cache_hit"]
+    # Another engine with other slots and another max_model_len: the same graph, from the cache.
+    with LLM(str(tiny_llama), max_num_seqs=2, max_model_len=96, **kwargs) as llm:
+        assert not llm.engine.runner.compiled.failed
+    assert counters["inductor"]["fxgraph_cache_hit"] == hits + 1

@@ -106,6 +106,21 @@ def test_greedy_eagle3_equals_ar(ar, tiny_llama, tiny_eagle3, placement):
         assert sd.engine.runner.cache.num_free == 4
 
 
+@pytest.mark.parametrize("placement", [{}, {"parallel": True}], ids=["sd", "psd"])
+def test_compiled_eagle3_equals_ar(ar, tiny_llama, tiny_eagle3, placement):
+    # Target and head compiled (the drafter process compiles its own): verification passes carry
+    # the auxiliary layers, prefill does not, and the head reads two feature widths.
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    expected = token_ids(ar.generate(prompts, greedy_params(), use_tqdm=False))
+    spec = {"model": str(tiny_eagle3), "num_speculative_tokens": 3, **placement}
+    with LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=96, speculative_config=spec,
+             compile_sizes=[1, 4]) as sd:
+        assert token_ids(sd.generate(prompts, greedy_params(), use_tqdm=False)) == expected
+        assert not sd.engine.runner.compiled.failed and sd.get_metrics()["drafter_failures"] == 0
+        if not placement:
+            assert not sd.engine.proposer.runner.compiled.failed
+
+
 @pytest.fixture(scope="module")
 def small_vocab_target(tmp_path_factory):
     from conftest import save_tiny_checkpoint
