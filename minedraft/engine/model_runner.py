@@ -108,9 +108,12 @@ class ModelRunner:
         slots = [r.slot for r in rows]
         slot_t = torch.tensor(slots, device=dev)
         keys = torch.arange(kv_len, device=dev)
-        # One attention call over a view of consecutive slots when padding to the longest row wastes
-        # little; otherwise one call per row over its own prefix (no gather copy, no padding).
-        batched = slots == list(range(slots[0], slots[0] + B)) and sum(kv_lens) >= 0.8 * B * kv_len
+        # One attention call over a view of evenly spaced slots (consecutive, or every other one as
+        # psd's sub-batches start out) when padding to the longest row wastes little; otherwise one
+        # call per row over its own prefix (no gather copy, no padding).
+        stride = slots[1] - slots[0] if B > 1 else 1
+        spaced = stride > 0 and slots == list(range(slots[0], slots[0] + stride * B, stride))
+        batched = spaced and sum(kv_lens) >= 0.8 * B * kv_len
         mask = per_row = None
         if batched and (T > 1 or len(set(starts)) > 1):
             mask = (keys[None, None, :] <= positions[:, :, None])[:, None]
@@ -122,7 +125,7 @@ class ModelRunner:
             k_cache=self.cache.k,
             v_cache=self.cache.v,
             num_tokens=len(input_ids),
-            rows=slice(slots[0], slots[0] + B) if batched else None,
+            rows=slice(slots[0], slots[0] + stride * B, stride) if batched else None,
             per_row=per_row,
             write_slots=slot_t[:, None].expand(B, T)[real],
             write_pos=token_pos,

@@ -25,7 +25,7 @@ class BatchLayout:
     k_cache: torch.Tensor  # [layer, slot, kv_head, position, head_dim]
     v_cache: torch.Tensor
     num_tokens: int  # N; a compiled pass may carry padding tokens after these
-    rows: slice | None  # consecutive cache slots attended in one call (a view: no copy) ...
+    rows: slice | None  # evenly spaced cache slots attended in one call (a view: no copy) ...
     per_row: list[tuple[int, int, torch.Tensor | None]] | None  # ... or (slot, kv length, mask) per row
     write_slots: torch.Tensor  # [N] slot of each token
     write_pos: torch.Tensor  # [N] cache position of each token
