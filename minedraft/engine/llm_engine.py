@@ -40,7 +40,6 @@ class LLMEngine:
         model = load_model(config.model_path, config.torch_dtype, device, compiled=bool(config.compile_sizes))
         self.runner = ModelRunner(model, config.num_slots, config.max_model_len, config.torch_dtype, device,
                                   config.compile_sizes)
-        self.runner.warm_up("compiling the target")
         spec = config.speculative
         self.spec_metrics = SpecDecodeMetrics()
         self.proposer = None
@@ -49,6 +48,9 @@ class LLMEngine:
                 self.proposer = make_proposer(config, model)
             except DrafterError as e:  # a drafter that fails to start: the fallback of one that fails later
                 self._drafter_failed(e)
+        # The target's graphs as its passes will call it: with the states an EAGLE-3 head reads.
+        layers = () if self.proposer is None else self.proposer.aux_layers
+        self.runner.warm_up("compiling the target", **({"aux_layers": layers} if layers else {}))
         self.batches = BatchManager() if self.proposer is not None and spec.parallel else None
         self.draft_length = self._controller()
         self.trace: list[dict] | None = [] if config.trace else None

@@ -2,6 +2,7 @@
 
 import torch
 
+from minedraft.engine.model_runner import ModelRunner
 from minedraft.engine.sequence import Sequence
 from minedraft.sampling import Dist
 
@@ -38,3 +39,23 @@ class Proposer:
 
     def close(self, graceful: bool = True) -> None:
         """Free the proposer's resources (a drafter process: stop it)."""
+
+
+class SlotProposer(Proposer):
+    """A proposer that runs a model over its own KV cache (`runner`), one slot per sequence
+    (`slots`: seq_id -> slot); `forget` drops whatever else it keeps about a sequence."""
+
+    runner: ModelRunner
+    slots: dict[int, int]
+
+    def forget(self, seq_id: int) -> None:
+        """Drop the proposer's other per-sequence state."""
+
+    def release(self, seq: Sequence) -> None:
+        self.forget(seq.seq_id)
+        slot = self.slots.pop(seq.seq_id, None)
+        if slot is not None:
+            self.runner.cache.free(slot)
+
+    def free_slots(self) -> int:
+        return self.runner.cache.num_free

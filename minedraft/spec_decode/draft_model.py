@@ -2,7 +2,7 @@
 
 import torch
 
-from minedraft.spec_decode.base import Proposer
+from minedraft.spec_decode.base import SlotProposer
 from minedraft.spec_decode.chain import draft_chain
 from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.engine.sequence import Sequence
@@ -23,7 +23,7 @@ def _kept_tokens(seq: Sequence, view: tuple[int, list[int]] | None) -> int:
     return base + kept
 
 
-class DraftModelProposer(Proposer):
+class DraftModelProposer(SlotProposer):
     """Proposes tokens by sampling a draft model autoregressively.
 
     Each sequence gets a drafter KV slot on first use (keyed by its seq_id). Each round the drafter
@@ -80,11 +80,5 @@ class DraftModelProposer(Proposer):
             self.views[seqs[i].seq_id] = (len(seqs[i]), fed[i])
         return drafts, dists
 
-    def free_slots(self) -> int:
-        return self.runner.cache.num_free
-
-    def release(self, seq: Sequence) -> None:
-        self.views.pop(seq.seq_id, None)
-        slot = self.slots.pop(seq.seq_id, None)
-        if slot is not None:
-            self.runner.cache.free(slot)
+    def forget(self, seq_id: int) -> None:
+        self.views.pop(seq_id, None)

@@ -10,7 +10,7 @@ that every round starts from a pass over at least one pair (its output starts th
 
 import torch
 
-from minedraft.spec_decode.base import Proposer
+from minedraft.spec_decode.base import SlotProposer
 from minedraft.spec_decode.chain import draft_chain
 from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.engine.sequence import Sequence
@@ -18,7 +18,7 @@ from minedraft.models.eagle3 import Eagle3Head
 from minedraft.sampling import Dist
 
 
-class Eagle3Proposer(Proposer):
+class Eagle3Proposer(SlotProposer):
     def __init__(self, head: Eagle3Head, target_layers: int, num_slots: int, max_len: int, dtype: torch.dtype,
                  device: torch.device, compile_sizes: tuple[int, ...] = ()):
         self.runner = ModelRunner(head, num_slots, max_len, dtype, device, compile_sizes)
@@ -76,11 +76,5 @@ class Eagle3Proposer(Proposer):
             self.states[seq_id] = held[-1:]
         return drafts, dists
 
-    def free_slots(self) -> int:
-        return self.runner.cache.num_free
-
-    def release(self, seq: Sequence) -> None:
-        self.states.pop(seq.seq_id, None)
-        slot = self.slots.pop(seq.seq_id, None)
-        if slot is not None:
-            self.runner.cache.free(slot)
+    def forget(self, seq_id: int) -> None:
+        self.states.pop(seq_id, None)
