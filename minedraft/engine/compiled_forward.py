@@ -6,7 +6,7 @@ C++ GEMM templates (`max_autotune`) fuses the element-wise work and multiplies a
 floor (docs/BENCHMARKS.md, issue 15). Shapes are static, like vLLM's CUDA-graph capture sizes: N
 tokens run through the graph of the smallest compile size >= N, padded; bigger batches (prefill)
 run eagerly, where the products are large enough for oneDNN. Attention stays one opaque op
-(`models.attention`), so the cache layout, different every step, never enters a graph.
+(`models.attention`): neither the KV cache nor its layout, different every step, enters a graph.
 """
 
 import logging
@@ -44,8 +44,8 @@ class CompiledForward:
     """Calls `forward(model, input_ids, logit_index, rope, **inputs) -> (logits, states)` through
     compiled graphs for token counts up to max(`sizes`), eagerly otherwise. A graph is built on
     the first call with its size and input shapes (or by the runner's `warm_up`) and cached on disk
-    under `cache_dir`. Any compile failure
-    (no C++ compiler, an unsupported op) warns once and leaves every later call eager."""
+    under `cache_dir`. Any compile failure (no C++ compiler, an unsupported op) warns once and
+    leaves every later call eager."""
 
     def __init__(self, forward: Forward, sizes: tuple[int, ...], cache_dir: str | os.PathLike | None = None):
         if not sizes or min(sizes) < 1:
