@@ -37,7 +37,9 @@ class ModelRunner:
         self.device = device
         self.cache = KVCache(args.num_layers, num_slots, max_len, args.num_kv_heads, args.head_dim, dtype, device)
         self.rope_tables = tuple(t.to(device) for t in rope_tables(args, max_len, dtype))
-        self.compiled = CompiledForward(logits_pass, compile_sizes, cache_root() / "inductor") if compile_sizes else None
+        self.compiled = None
+        if compile_sizes:
+            self.compiled = CompiledForward(logits_pass, compile_sizes, cache_root() / "inductor")
 
     def warm_up(self, desc: str, **inputs) -> None:
         """Build every compiled graph now, with a progress bar, rather than on each size's first use.

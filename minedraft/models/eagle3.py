@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from minedraft.models.hf_format import ModelArgs
-from minedraft.models.llama import MLP, Attention, Linear, RMSNorm, cpu_packing_supported
+from minedraft.models.llama import MLP, Attention, Linear, RMSNorm, pack_for_cpu, pack_linears
 from minedraft.models.loader import read_config, read_safetensors
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -101,6 +101,10 @@ class Eagle3Head(nn.Module):
         previous position."""
         return self.layer(self.embed[input_ids], self.features(features), lambda x: self.attn(x, rope))
 
+    def pack(self, keep_dense: bool) -> None:
+        """Pack every linear weight for oneDNN (on CPU; see `pack_for_cpu`)."""
+        pack_linears(self, keep_dense)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary only (`draft_to_target` maps its ids to the target's):
         drafting samples there, and the target's other tokens have draft probability 0."""
@@ -161,10 +165,7 @@ def load_eagle3(folder: Path, dtype: torch.dtype, device: torch.device, embeddin
         raise ValueError(f"EAGLE-3 head {str(folder)!r} needs a [{args.layer.vocab_size}, {args.layer.hidden_size}] "
                          f"embedding, the target's is {list(head.embed.shape)}")
     head.eval().requires_grad_(False)
-    if device.type == "cpu" and cpu_packing_supported(dtype):
-        for module in head.modules():
-            if isinstance(module, Linear):
-                module.pack(keep_dense=dtype == torch.float32 or compiled)  # as loader.load_model
+    pack_for_cpu(head, dtype, device, compiled)
     return head
 
 

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from minedraft.models.attention import attend
-
 from minedraft.models.hf_format import ModelArgs
 
 def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
@@ -79,6 +78,20 @@ def cpu_packing_supported(dtype: torch.dtype) -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
     return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def pack_for_cpu(model: nn.Module, dtype: torch.dtype, device: torch.device, compiled: bool) -> None:
+    """Hand every linear weight of a loaded model (its `pack(keep_dense)`) to oneDNN where this CPU
+    supports it. Float32 keeps the dense [in, out] copy too: one row streams it faster than the
+    packed one; a model that also runs compiled graphs keeps it in any dtype (they multiply it)."""
+    if device.type == "cpu" and cpu_packing_supported(dtype):
+        model.pack(keep_dense=dtype == torch.float32 or compiled)
+
+
+def pack_linears(model: nn.Module, keep_dense: bool) -> None:
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.pack(keep_dense)
 
 
 class Linear(nn.Module):
@@ -184,9 +197,7 @@ class Decoder(nn.Module):
         keeps its own."""
         if self.embed is None and not keep_dense:
             self.embed = nn.Parameter(self.lm_head.weight.detach().t().contiguous(), requires_grad=False)
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.pack(keep_dense)
+        pack_linears(self, keep_dense)
 
     @property
     def input_embedding(self) -> torch.Tensor:

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from minedraft.models.hf_format import ModelArgs, fuse_hf_state_dict
-from minedraft.models.llama import Decoder, cpu_packing_supported
+from minedraft.models.llama import Decoder, pack_for_cpu
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_DRAFT = Path(__file__).resolve().parent.parent / "draft_models" / "smollm2-135m-instruct-eagle3"
@@ -179,9 +179,7 @@ def load_model(
         state["embed"] = embedding.to(device=device, dtype=dtype)
     model.load_state_dict(state, strict=True, assign=True)
     model.eval().requires_grad_(False)
-    if device.type == "cpu" and cpu_packing_supported(dtype):
-        # float32 keeps its [in, out] copy too: one row streams it faster than the packed one.
-        model.pack(keep_dense=dtype == torch.float32 or compiled)
+    pack_for_cpu(model, dtype, device, compiled)
     return model
 
 

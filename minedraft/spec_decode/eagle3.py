@@ -24,7 +24,8 @@ class Eagle3Proposer(SlotProposer):
         self.runner = ModelRunner(head, num_slots, max_len, dtype, device, compile_sizes)
         # Two graphs per size: the first step reads the target's three layers, later ones the head's own.
         for width in (3 * head.config.target_hidden_size, head.hidden_size):
-            self.runner.warm_up("compiling the EAGLE-3 head", features=torch.zeros(1, width, dtype=dtype, device=device))
+            feature = torch.zeros(1, width, dtype=dtype, device=device)
+            self.runner.warm_up("compiling the EAGLE-3 head", features=feature)
         self.aux_layers = head.config.aux_layers(target_layers)
         self.vocab = (head.draft_to_target, head.args.vocab_size)  # the head scores its draft vocabulary
         self.slots: dict[int, int] = {}

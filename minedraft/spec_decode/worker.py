@@ -87,7 +87,8 @@ def worker_main(args: WorkerArgs) -> None:
             sampled = [q for q in dists if q is not None]
             q = Dist.cat(sampled) if sampled else None
             tensors = [] if q is None else [q.probs] if q.ids is None else [q.probs, q.ids]
-            channel.send({"drafts": drafts, "vocab": None if q is None else q.vocab, "start": start, "end": time.time()}, tensors)
+            answer = {"drafts": drafts, "vocab": None if q is None else q.vocab, "start": start, "end": time.time()}
+            channel.send(answer, tensors)
 
 
 if __name__ == "__main__":

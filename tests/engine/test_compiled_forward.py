@@ -4,6 +4,7 @@ import torch
 from minedraft import LLM, SamplingParams
 from minedraft.config import EngineConfig
 from minedraft.engine import compiled_forward
+from minedraft.models import attention
 
 PROMPTS = [{"prompt_token_ids": p} for p in ([5, 17, 3, 44, 9, 2, 61], [8], [90, 12, 33, 1, 7], [40, 41])]
 
@@ -20,21 +21,27 @@ def eager_tokens(tiny_llama):
 
 
 def test_compiled_forward_matches_eager_and_pads_to_the_next_size(tiny_llama, eager_tokens):
-    # Sizes 1 and 2 only: the prefill and steps of 3-4 rows run eagerly; once rows finish, steps of
-    # two rows and of one run compiled.
-    with LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=64, compile_sizes=[2, 1]) as llm:
+    # Sizes 1 and 4: the prefill runs eagerly; decode steps of 4 rows run in the size-4 graph, and
+    # once rows finish, steps of 3 and 2 rows run in it padded, a step of one row in the size-1 graph.
+    with LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=64, compile_sizes=[4, 1]) as llm:
         compiled = llm.engine.runner.compiled
-        assert compiled.sizes == (1, 2) and not compiled.failed
-        calls = []
+        assert compiled.sizes == (1, 4) and not compiled.failed
+        calls = []  # (graph size, real tokens) of every compiled call
         graph = compiled._graph
-        compiled._graph = lambda *a, **k: calls.append(len(a[1])) or graph(*a, **k)
+
+        def recording(*args, **kwargs):
+            calls.append((len(args[1]), attention._layout.get().num_tokens))
+            return graph(*args, **kwargs)
+
+        compiled._graph = recording
         assert generate(llm) == eager_tokens
-        assert set(calls) == {1, 2}
+        assert {size for size, _ in calls} == {1, 4}
+        assert {n for size, n in calls if size == 4} >= {2, 3, 4}  # padded, and not
         assert sum(len(t) for t in eager_tokens) > 0
         # One request at a time: every decode step is one token through the size-1 graph.
         calls.clear()
         one = llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=9, ignore_eos=True), use_tqdm=False)
-        assert one[0].outputs[0].token_ids == eager_tokens[0] and calls.count(1) >= 8
+        assert one[0].outputs[0].token_ids == eager_tokens[0] and calls.count((1, 1)) >= 8
 
 
 def test_compiled_logits_equal_eager_logits(tiny_llama):
