@@ -20,6 +20,13 @@ def add_eager_arg(parser: argparse.ArgumentParser, default: bool = False) -> Non
                              "(graphs cached) to several (first time), decodes slower on CPU")
 
 
+def add_prefill_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="prompt tokens a step may carry beside the running rows (default: 64 on CPU, 2048 on GPU)")
+    parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
+                        help="split prompts over steps (default); without, a prompt runs whole")
+
+
 def add_speculative_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative-config", default=None,
                         help='JSON, e.g. \'{"model": "self", "num_speculative_tokens": 4, "parallel": true}\'')
@@ -116,6 +123,7 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
 def add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     add_engine_args(p)
+    add_prefill_args(p)
     add_speculative_arg(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
@@ -160,6 +168,7 @@ def add_bench_offline(bench: argparse._SubParsersAction) -> None:
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=1, help="interleaved repetitions; medians are reported")
     add_eager_arg(p)
+    add_prefill_args(p)
     p.add_argument("--output-json", default=None)
     p.add_argument("--plot-dir", default=None,
                      help="write PNGs here: throughput against k, latency CDF, psd and sd-remote timelines")
@@ -181,6 +190,12 @@ def add_bench_serve(bench: argparse._SubParsersAction) -> None:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-json", default=None)
+    p.add_argument("--goodput", nargs="+", default=None, metavar="KEY:VALUE",
+                   help="an SLO, as vLLM's: KEY ttft, tpot or e2el, VALUE milliseconds, e.g. ttft:2000 tpot:300; "
+                        "goodput: completed requests per second meeting every bound")
+    p.add_argument("--plot-itl", default=None, metavar="PATH.png",
+                   help="write a PNG of every inter-token gap over the run")
+    p.add_argument("--label", default=None, help="the run's name in the plot (default: from the request rate)")
     p.set_defaults(func=cmd_bench_serve)
 
 
@@ -231,7 +246,10 @@ def add_train_draft(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--init-layers", default="0,1,2,3", help="target layers the drafter starts from")
     p.add_argument("--init-from", default=None,
-                   help="continue from a drafter this command exported (its weights and vocabulary)")
+                   help="continue from a drafter this command exported, or (eagle3) an EAGLE-3 head in the "
+                        "public layout: its weights and vocabulary")
+    p.add_argument("--prompt-mix", default="default", choices=["default", "spec_bench"],
+                   help="training prompt families: the original six, or with families shaped like Spec-Bench's tasks")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="the target's dtype while it generates and scores the data")
     p.add_argument("--autocast-bf16", action="store_true", help="train under bfloat16 autocast (faster on AMX CPUs)")

@@ -185,6 +185,10 @@ class SpeculativeConfig:
 # Measured on the development CPU (docs/BENCHMARKS.md, issue 15): Inductor's C++ GEMM templates
 # beat oneDNN's packed products up to four rows; from five on, eager is as fast or faster.
 CPU_COMPILE_SIZES = (1, 2, 4)
+# A chunk of 64 prompt tokens costs about what two batch-8 decode steps cost here (docs/BENCHMARKS.md,
+# issue 19), which bounds how long a stream waits on a step that carries one.
+CPU_MAX_NUM_BATCHED_TOKENS = 64
+GPU_MAX_NUM_BATCHED_TOKENS = 2048
 
 
 @dataclass
@@ -194,7 +198,10 @@ class EngineConfig:
     device: str = "cpu"
     max_num_seqs: int = 16  # requests in flight
     max_model_len: int | None = None  # prompt + output tokens per request; None: min(2048, the model's)
-    max_num_batched_tokens: int = 4096  # prompt tokens per prefill step (a longer prompt goes alone)
+    # Prompt tokens a step may carry beside its decode or verification rows (chunked prefill);
+    # None: CPU_MAX_NUM_BATCHED_TOKENS on CPU, GPU_MAX_NUM_BATCHED_TOKENS elsewhere.
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = True  # split prompts over steps (else a prompt goes whole, alone if too long)
     kv_cache_memory_gb: float | None = None  # cap on KV-cache memory; None: max_num_seqs full slots
     num_threads: int | None = None  # torch threads on CPU; None: leave torch's default
     seed: int = 0  # for requests without their own seed
@@ -217,6 +224,9 @@ class EngineConfig:
         self.model_args = ModelArgs.from_hf(read_model_config(self.model_path))
         if self.max_model_len is None:
             self.max_model_len = min(2048, self.model_args.max_position_embeddings)
+        if self.max_num_batched_tokens is None:
+            cpu = self.device == "cpu"
+            self.max_num_batched_tokens = CPU_MAX_NUM_BATCHED_TOKENS if cpu else GPU_MAX_NUM_BATCHED_TOKENS
         for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -230,8 +240,9 @@ class EngineConfig:
                 f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
                 f"{self.model_args.max_position_embeddings}"
             )
-        if not isinstance(self.enforce_eager, bool):
-            raise ValueError(f"enforce_eager must be true or false, got {self.enforce_eager!r}")
+        for name in ("enforce_eager", "enable_chunked_prefill"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.compile_sizes is None:
             self.compile_sizes = CPU_COMPILE_SIZES if self.device == "cpu" else ()
         sizes = self.compile_sizes

@@ -185,7 +185,8 @@ def build_engines(args: argparse.Namespace, modes: list[str], base: dict, k: int
         spec_config = None if spec is None else {**base, "num_speculative_tokens": k, **spec}
         llms[mode] = LLM(args.model, dtype=args.dtype, max_num_seqs=max_num_seqs, max_model_len=args.max_model_len,
                          seed=args.seed, speculative_config=spec_config, trace=True,
-                         enforce_eager=args.enforce_eager)
+                         enforce_eager=args.enforce_eager, max_num_batched_tokens=args.max_num_batched_tokens,
+                         enable_chunked_prefill=args.enable_chunked_prefill)
     return llms
 
 

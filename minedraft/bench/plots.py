@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+from minedraft.bench.stats import percentiles
+
 
 def _pyplot():
     import matplotlib
@@ -88,4 +90,28 @@ def plot_timeline(trace: list[dict], path: Path, title: str, max_seconds: float 
     ax.set_xlabel("seconds from mid-run (colour: sub-batch)")
     ax.set_title(title)
     ax.set_xlim(0, max_seconds)
+    _save(fig, path)
+
+
+def plot_itl(starts: list[float], chunk_times: list[list[float]], path: Path, title: str) -> None:
+    """One run's inter-token gaps (ms, log scale) against when the later chunk arrived (s from the run's
+    start), with the run's ITL p50 and p99 and a tick at each request's arrival (`starts`): shows whether
+    gaps grow as load builds or spike as new requests' prefills land. `chunk_times`: per completed request."""
+    plt = _pyplot()
+    points = [(b, (b - a) * 1e3) for times in chunk_times for a, b in zip(times, times[1:])]
+    p = percentiles([gap for _, gap in points])
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    ax.scatter([t for t, _ in points], [gap for _, gap in points], s=5, alpha=0.5, linewidths=0,
+               label="gap between chunks")
+    for q, style in (("p50", "--"), ("p99", ":")):
+        if p[q] is not None:
+            ax.axhline(p[q], linestyle=style, color="tab:red", label=f"ITL {q} {p[q]:.1f} ms")
+    # short ticks along the bottom edge, in axes height, so they show whatever the y range
+    ax.vlines(starts, 0, 0.05, transform=ax.get_xaxis_transform(), color="grey", alpha=0.6, linewidth=0.8,
+              label="request arrivals")
+    ax.set_yscale("log")
+    ax.set(xlabel="seconds from the run's start (arrival of the later chunk)", ylabel="inter-token gap (ms)",
+           title=f"ITL over time: {title}")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: off the points and ticks
     _save(fig, path)

@@ -16,7 +16,7 @@ class BatchManager:
         self.in_flight: int | None = None  # the sub-batch the drafter is working on
 
     def members(self, running: list[Sequence], group: int) -> list[Sequence]:
-        return [s for s in running if self.group[s.seq_id] == group]
+        return [s for s in running if self.group.get(s.seq_id) == group]  # prompts being prefilled have none
 
     def size(self, group: int) -> int:
         return sum(1 for g in self.group.values() if g == group)

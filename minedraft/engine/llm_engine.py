@@ -54,7 +54,7 @@ class LLMEngine:
         self.batches = BatchManager() if self.proposer is not None and spec.parallel else None
         self.draft_length = self._controller()
         self.trace: list[dict] | None = [] if config.trace else None
-        self.scheduler = Scheduler(self.runner.cache, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.runner.cache, config.max_num_batched_tokens, config.enable_chunked_prefill)
         self.inputs = InputProcessor(config)
         self.tokenizer = self.inputs.tokenizer
         self.output = OutputProcessor(self.tokenizer, eos_token_ids(config.model_path, self.tokenizer),
@@ -147,28 +147,32 @@ class LLMEngine:
     # -- the step ---------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """One prefill, decode or speculative step; returns the state of every request that advanced."""
-        seqs, prefill = self.scheduler.schedule()
-        if not seqs:
+        """One step: a decode or speculative step of the prefilled sequences, with the next chunks
+        of prompts in the same target pass; returns the state of every request that advanced."""
+        step = self.scheduler.schedule()
+        if not step:
             return []
+        seqs, chunks = step.running, step.chunks
         try:
-            if prefill or self.proposer is None:
-                self._decode(seqs, "prefill" if prefill else "decode")
+            if self.proposer is None or not seqs:
+                self._decode(seqs, chunks)
             elif self.draft_length is not None and self.draft_length.k == 0:
-                self._undrafted_step(seqs)
+                self._undrafted_step(seqs, chunks)
             elif self.batches is not None:
-                seqs = self._parallel_step(seqs)
+                seqs = self._parallel_step(seqs, chunks)
             else:
-                self._speculate(seqs)
+                self._speculate(seqs, chunks)
         except DrafterError as e:  # raised before any verification touched the sequences
             self._drafter_failed(e)
-            self._decode(seqs)
+            self._decode(seqs, chunks)
         except Exception:  # a failed forward (or a bug): this step's sequences are in an unknown state
-            log.exception("step failed; failing its %d sequences, the others go on", len(seqs))
-            for seq in seqs:
+            log.exception("step failed; failing its %d sequences, the others go on", len(seqs) + len(chunks))
+            for seq in seqs + [s for s, _ in chunks]:
                 self._finish(seq, "error")
         self._release_drafter_slots()
-        return self.output.request_outputs(self.requests, seqs)
+        # A prompt that is still being prefilled has nothing new to report.
+        advanced = seqs + [s for s, _ in chunks if s.output_token_ids or s.status == Status.FINISHED]
+        return self.output.request_outputs(self.requests, advanced)
 
     def _release_drafter_slots(self) -> None:
         """Send the drafter the slots of finished sequences now if it is idle. In psd, drafts in
@@ -207,27 +211,57 @@ class LLMEngine:
         """The request's own generator, the engine's for unseeded requests, None for greedy ones."""
         return None if seq.params.greedy else seq.generator or self.generator
 
-    def _decode(self, seqs: list[Sequence], kind: str = "decode") -> None:
-        """A prefill or plain decode step (`kind`, as the trace names it): one target token per sequence."""
+    def _decode(self, seqs: list[Sequence], chunks: list[tuple[Sequence, int]] = ()) -> None:
+        """A plain decode step, one target token per sequence, beside the step's prompt chunks (a
+        step of chunks alone is a prefill step in the trace)."""
         start = time.time()
         lengths = self.runner.cache.lengths
-        logits, states = self._run_target(seqs, [Row(s.slot, s.tokens_from(lengths[s.slot])) for s in seqs])
+        logits, states = self._run_target(seqs, [Row(s.slot, s.tokens_from(lengths[s.slot])) for s in seqs], chunks)
+        self._sample_next(seqs, logits)
+        self._hand_states(seqs, states)
+        self._event("decode" if seqs else "prefill", -1, len(seqs), start, time.time(), **_prompt_tokens(chunks))
+
+    def _sample_next(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        """Sample and append one token per sequence from its row of `logits`."""
         tokens, _ = sample(logits, [s.params for s in seqs], [self._sampling_generator(s) for s in seqs])
         for i, (seq, token) in enumerate(zip(seqs, tokens)):
             with self._isolated(seq):
                 self.append_tokens(seq, [token], self.output.logprobs(seq, logits[i : i + 1], [token]))
-        self._hand_states(seqs, states)
-        self._event(kind, -1, len(seqs), start, time.time())
 
-    def _run_target(self, seqs: list[Sequence], rows: list[Row]) -> tuple[torch.Tensor, list | None]:
-        """The target's pass over one row per sequence. With a proposer that reads the target's
-        states (EAGLE-3), also [(first position, states of the row's tokens)] per row."""
+    def _run_target(self, seqs: list[Sequence], rows: list[Row], chunks: list[tuple[Sequence, int]] = ()
+                    ) -> tuple[torch.Tensor, list | None]:
+        """The target's pass over one row per sequence and, in the same pass, the step's prompt
+        chunks; a prompt whose last chunk this was gets its first token here. Returns the logits of
+        `rows` and, with a proposer that reads the target's states (EAGLE-3), [(first position,
+        states of the row's tokens)] per row. If a pass with chunks fails, their prompts fail and
+        the rows run again alone: a prompt that cannot be prefilled never takes streams with it."""
+        lengths = self.runner.cache.lengths
+        prompts = [(s, lengths[s.slot], n) for s, n in chunks]
+        chunk_rows = [Row(s.slot, s.prompt_token_ids[start : start + n], int(start + n == len(s.prompt_token_ids)))
+                      for s, start, n in prompts]
         layers = () if self.proposer is None else self.proposer.aux_layers
-        if not layers:
-            return self.runner.run(rows)[0], None
-        starts = [self.runner.cache.lengths[s.slot] for s in seqs]
-        logits, states = self.runner.run(rows, aux_layers=layers)
-        return logits, list(zip(starts, states.split([len(r.tokens) for r in rows])))
+        starts = [lengths[s.slot] for s in seqs] + [start for _, start, _ in prompts]
+        try:
+            logits, states = self.runner.run(rows + chunk_rows, **({"aux_layers": layers} if layers else {}))
+        except Exception:
+            if not (rows and chunks):
+                raise
+            log.exception("a pass with %d prompt chunks failed; failing those requests, retrying the others",
+                          len(chunks))
+            for seq, _ in chunks:
+                self._finish(seq, "error")
+            return self._run_target(seqs, rows)
+        if states is not None:
+            states = list(zip(starts, states.split([len(r.tokens) for r in rows + chunk_rows])))
+        if chunks:
+            main = sum(r.num_logits for r in rows)
+            self._sample_next([s for (s, _), r in zip(chunks, chunk_rows) if r.num_logits], logits[main:])
+            ready = [s for s, _ in chunks if s.status != Status.FINISHED]
+            self._hand_states([s for s, _ in chunks], None if states is None else states[len(rows):])
+            if ready and self.proposer is not None:
+                self.proposer.prefill(ready, [lengths[s.slot] for s in ready])
+            logits, states = logits[:main], None if states is None else states[: len(rows)]
+        return logits, states
 
     def _hand_states(self, seqs: list[Sequence], states: list | None) -> None:
         """Give the proposer the target's states of the tokens each sequence keeps (rejected
@@ -257,7 +291,7 @@ class LLMEngine:
         spec = self.config.speculative
         return (spec.tetris_capacity or self._k() * len(seqs)) if spec.tetris else None
 
-    def _speculate(self, seqs: list[Sequence]) -> None:
+    def _speculate(self, seqs: list[Sequence], chunks: list[tuple[Sequence, int]]) -> None:
         """Standard SD: draft for every running sequence, then verify them all."""
         gens = [self._sampling_generator(s) for s in seqs]
         start = time.time()
@@ -265,12 +299,13 @@ class LLMEngine:
         end = time.time()
         self._drafted(drafts, start, end)
         self._event("draft", 0, len(seqs), start, end)
-        self._verify(seqs, drafts, dists, group=0)
+        self._verify(seqs, drafts, dists, 0, chunks)
         self.spec_metrics.num_steps += 1
 
-    def _parallel_step(self, running: list[Sequence]) -> list[Sequence]:
+    def _parallel_step(self, running: list[Sequence], chunks: list[tuple[Sequence, int]]) -> list[Sequence]:
         """PSD: collect the in-flight sub-batch's drafts, start drafting the other sub-batch, then
-        verify the first while the drafter works. Returns the verified sequences."""
+        verify the first while the drafter works. Returns the verified sequences. Prompt chunks ride
+        with the verification; a prompt joins a sub-batch once it is done (and has its first token)."""
         batches, drafter = self.batches, self.proposer
         batches.assign(running)
         x = batches.in_flight
@@ -289,21 +324,25 @@ class LLMEngine:
         # this step verifies nothing.
         verified = batches.members(running, x)
         drafted = [drafts.get(s.seq_id, ([], None)) for s in verified]
-        self._verify(verified, [d for d, _ in drafted], [q for _, q in drafted], group=x)
+        if verified:
+            self._verify(verified, [d for d, _ in drafted], [q for _, q in drafted], x, chunks)
+        elif chunks:
+            self._decode([], chunks)
         self.spec_metrics.num_steps += bool(verified)
         self.spec_metrics.num_overlapped_steps += bool(verified and others)
         batches.rebalance(self.scheduler.running, x)
         return verified
 
-    def _undrafted_step(self, seqs: list[Sequence]) -> None:
+    def _undrafted_step(self, seqs: list[Sequence], chunks: list[tuple[Sequence, int]]) -> None:
         """"auto" chose k = 0: a plain decode step over every running sequence (in psd, both
         sub-batches; drafts still in flight are collected and dropped), timed for the controller."""
         if self.batches is not None and self.batches.in_flight is not None:
             self.proposer.collect()
             self.batches.in_flight = None
         start = time.time()
-        self._decode(seqs)
-        self.draft_length.observe_verify(time.time() - start, 0, [(0, 0)] * len(seqs))
+        self._decode(seqs, chunks)
+        if not chunks:  # the controller learns what verification costs: prompt tokens would skew it
+            self.draft_length.observe_verify(time.time() - start, 0, [(0, 0)] * len(seqs))
 
     def _drafted(self, drafts: list[list[int]], start: float, end: float) -> None:
         if self.draft_length is not None:
@@ -313,15 +352,14 @@ class LLMEngine:
         self.proposer.submit(seqs, [self._draft_len(s) for s in seqs], self._capacity(seqs))
 
     def _verify(self, seqs: list[Sequence], drafts: list[list[int]], dists: list[Dist | None],
-                group: int) -> None:
-        """One target pass over every row's drafts; keep what rejection sampling accepts."""
-        if not seqs:
-            return
+                group: int, chunks: list[tuple[Sequence, int]]) -> None:
+        """One target pass over every row's drafts (and the step's prompt chunks); keep what
+        rejection sampling accepts."""
         start = time.time()
         gens = [self._sampling_generator(s) for s in seqs]
         cache = self.runner.cache
         rows = [Row(s.slot, s.tokens_from(cache.lengths[s.slot]) + d, len(d) + 1) for s, d in zip(seqs, drafts)]
-        logits, states = self._run_target(seqs, rows)
+        logits, states = self._run_target(seqs, rows, chunks)
         drafted = [len(d) for d in drafts]
         accepted = [0] * len(seqs)
         for i, (seq, d, q, gen, row_logits) in enumerate(zip(seqs, drafts, dists, gens,
@@ -338,9 +376,10 @@ class LLMEngine:
                     cache.truncate(seq.slot, len(seq) - 1)
         self._hand_states(seqs, states)
         end = time.time()
-        if self.draft_length is not None:
+        if self.draft_length is not None and not chunks:
             self.draft_length.observe_verify(end - start, max(drafted), list(zip(drafted, accepted)))
-        self._event("verify", group, len(seqs), start, end, drafted=drafted, accepted=accepted)
+        self._event("verify", group, len(seqs), start, end, drafted=drafted, accepted=accepted,
+                    **_prompt_tokens(chunks))
 
     def _event(self, kind: str, group: int, size: int, start: float, end: float, **extra) -> None:
         """Append to the opt-in step trace: who (target: prefill, decode or verify; drafter: draft)
@@ -353,3 +392,8 @@ class LLMEngine:
         reason = self.output.append(seq, tokens, logprobs)
         if reason is not None:
             self._finish(seq, reason)
+
+
+def _prompt_tokens(chunks: list[tuple[Sequence, int]]) -> dict:
+    """The trace's note of the prompt tokens a step carried."""
+    return {"prompt_tokens": sum(n for _, n in chunks)} if chunks else {}

@@ -24,7 +24,7 @@ def logits_pass(model: torch.nn.Module, input_ids: torch.Tensor, logit_index: to
 class Row:
     slot: int
     tokens: list[int]  # new tokens, appended after the slot's cached ones
-    num_logits: int = 1  # return logits for this many of the last new tokens
+    num_logits: int = 1  # return logits for this many of the last new tokens (0: a prompt chunk but the last)
 
 
 class ModelRunner:
@@ -94,7 +94,7 @@ class ModelRunner:
         starts = [lengths[r.slot] for r in rows]
         counts = [len(r.tokens) for r in rows]
         for row, start, n in zip(rows, starts, counts):
-            if n == 0 or not 0 < row.num_logits <= n:
+            if n == 0 or not 0 <= row.num_logits <= n:
                 raise ValueError(f"row for slot {row.slot} has {n} tokens and asks for {row.num_logits} logits")
             if start + n > self.cache.max_len:
                 raise ValueError(f"slot {row.slot} would hold {start + n} tokens, over {self.cache.max_len}")
@@ -111,17 +111,18 @@ class ModelRunner:
         slot_t = torch.tensor(slots, device=dev)
         keys = torch.arange(kv_len, device=dev)
         # One attention call over a view of evenly spaced slots (consecutive, or every other one as
-        # psd's sub-batches start out) when padding to the longest row wastes little; otherwise one
-        # call per row over its own prefix (no gather copy, no padding).
+        # psd's sub-batches start out) when padding rows to the longest (in keys and in new tokens)
+        # wastes little; otherwise one call per row over its own prefix (no gather copy, no padding).
         stride = slots[1] - slots[0] if B > 1 else 1
         spaced = stride > 0 and slots == list(range(slots[0], slots[0] + stride * B, stride))
-        batched = spaced and sum(kv_lens) >= 0.8 * B * kv_len
+        batched = spaced and sum(kv_lens) >= 0.8 * B * kv_len and sum(counts) >= 0.8 * B * T
         mask = per_row = None
         if batched and (T > 1 or len(set(starts)) > 1):
             mask = (keys[None, None, :] <= positions[:, :, None])[:, None]
         if not batched:
-            per_row = [(slot, n, None if T == 1 else (keys[None, :n] <= positions[b, :, None])[None, None])
-                       for b, (slot, n) in enumerate(zip(slots, kv_lens))]
+            firsts = itertools.accumulate(counts[:-1], initial=0)
+            per_row = [(slot, kv, first, n, None if n == 1 else (keys[None, :kv] <= positions[b, :n, None])[None, None])
+                       for b, (slot, kv, first, n) in enumerate(zip(slots, kv_lens, firsts, counts))]
         token_pos = positions[real]
         layout = BatchLayout(
             k_cache=self.cache.k,
@@ -138,6 +139,6 @@ class ModelRunner:
         )
         ends = itertools.accumulate(counts)
         logit_index = torch.tensor(
-            [i for end, row in zip(ends, rows) for i in range(end - row.num_logits, end)], device=dev
+            [i for end, row in zip(ends, rows) for i in range(end - row.num_logits, end)], dtype=torch.long, device=dev
         )
         return layout, input_ids, token_rope(self.rope_tables, token_pos), logit_index

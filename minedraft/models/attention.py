@@ -25,13 +25,14 @@ class BatchLayout:
     k_cache: torch.Tensor  # [layer, slot, kv_head, position, head_dim]
     v_cache: torch.Tensor
     num_tokens: int  # N; a compiled pass may carry padding tokens after these
-    rows: slice | None  # evenly spaced cache slots attended in one call (a view: no copy) ...
-    per_row: list[tuple[int, int, torch.Tensor | None]] | None  # ... or (slot, kv length, mask) per row
+    rows: slice | None  # evenly spaced cache slots attended in one call over padded rows (a view: no copy) ...
+    # ... or one call per row over its own packed tokens: (slot, kv length, first token, tokens, mask)
+    per_row: list[tuple[int, int, int, int, torch.Tensor | None]] | None
     write_slots: torch.Tensor  # [N] slot of each token
     write_pos: torch.Tensor  # [N] cache position of each token
-    padded_shape: tuple[int, int]  # (B, T) for attention
+    padded_shape: tuple[int, int]  # (B, T) for the batched call
     valid: torch.Tensor | None  # [N] each token's index in the padded B * T layout; None: no padding
-    kv_len: int  # keys to attend over: max over rows of cached + new tokens
+    kv_len: int  # keys to attend over in the batched call: max over rows of cached + new tokens
     mask: torch.Tensor | None  # [B, 1, T, kv_len] True where a query may attend; None: attend all (batched)
 
 
@@ -59,26 +60,27 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> tor
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
     meta = _layout.get()
-    padded, n = q.shape[0], meta.num_tokens
-    (B, T), H, D = meta.padded_shape, q.shape[1], q.shape[2]
+    padded, n, H, D = q.shape[0], meta.num_tokens, q.shape[1], q.shape[2]
     k_cache, v_cache = meta.k_cache[layer], meta.v_cache[layer]
     k_cache[meta.write_slots, :, meta.write_pos] = k[:n]
     v_cache[meta.write_slots, :, meta.write_pos] = v[:n]
     q = q[:n]
-    if meta.valid is not None:  # queries into the padded layout (padding queries are zeros, unused)
-        q = q.new_zeros(B * T, H, D).index_copy_(0, meta.valid, q)
-    q = q.view(B, T, H, D).transpose(1, 2)
     if meta.rows is not None:
+        B, T = meta.padded_shape
+        if meta.valid is not None:  # queries into the padded layout (padding queries are zeros, unused)
+            q = q.new_zeros(B * T, H, D).index_copy_(0, meta.valid, q)
+        q = q.view(B, T, H, D).transpose(1, 2)
         keys, values = k_cache[meta.rows, :, : meta.kv_len], v_cache[meta.rows, :, : meta.kv_len]
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=meta.mask, enable_gqa=True)
-    else:
+        out = out.transpose(1, 2).reshape(B * T, H * D)
+        out = out if meta.valid is None else out[meta.valid]
+    else:  # each row's own queries: a one-token decode row beside a prompt chunk computes one query
         out = torch.cat([
-            F.scaled_dot_product_attention(q[b : b + 1], k_cache[slot : slot + 1, :, :kv],
-                                           v_cache[slot : slot + 1, :, :kv], attn_mask=mask, enable_gqa=True)
-            for b, (slot, kv, mask) in enumerate(meta.per_row)
+            F.scaled_dot_product_attention(q[first : first + count].transpose(0, 1)[None],
+                                           k_cache[slot : slot + 1, :, :kv], v_cache[slot : slot + 1, :, :kv],
+                                           attn_mask=mask, enable_gqa=True)[0].transpose(0, 1).reshape(count, H * D)
+            for slot, kv, first, count, mask in meta.per_row
         ])
-    out = out.transpose(1, 2).reshape(B * T, H * D)
-    out = out if meta.valid is None else out[meta.valid]
     return out if padded == n else torch.cat((out, out.new_zeros(padded - n, H * D)))
 
 

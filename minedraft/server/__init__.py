@@ -14,7 +14,9 @@ def serve(args: argparse.Namespace) -> None:
 
     config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
                           max_model_len=args.max_model_len, num_threads=args.num_threads,
-                          enforce_eager=args.enforce_eager, speculative_config=args.speculative_config)
+                          enforce_eager=args.enforce_eager, speculative_config=args.speculative_config,
+                          max_num_batched_tokens=args.max_num_batched_tokens,
+                          enable_chunked_prefill=args.enable_chunked_prefill)
     server = AsyncEngine(LLMEngine(config), max_queue=args.max_queue)
     name = args.served_model_name or (Path(args.model).name if args.model else "SmolLM2-135M-Instruct")
     app = create_app(server, name, args.api_key)

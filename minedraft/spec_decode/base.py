@@ -23,6 +23,11 @@ class Proposer:
         With a `capacity` (TETRIS), only that many drafts in all are kept."""
         raise NotImplementedError
 
+    def prefill(self, seqs: list[Sequence], ends: list[int]) -> None:
+        """The first ends[i] tokens of seqs[i] (its prompt, chunk by chunk as the target prefills
+        it) are final: a drafter with a cache of its own may prefill them now, so that a request's
+        first draft costs what a later one does."""
+
     def accept_states(self, seq: Sequence, start: int, states: torch.Tensor) -> None:
         """The target's `aux_layers` states [n, ...] at `seq`'s positions start..start + n - 1, all
         of them tokens the sequence keeps."""

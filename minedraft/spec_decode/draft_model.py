@@ -80,5 +80,17 @@ class DraftModelProposer(SlotProposer):
             self.views[seqs[i].seq_id] = (len(seqs[i]), fed[i])
         return drafts, dists
 
+    def prefill(self, seqs: list[Sequence], ends: list[int]) -> None:
+        cache, rows = self.runner.cache, []
+        for seq, end in zip(seqs, ends):
+            if seq.seq_id not in self.slots:
+                self.slots[seq.seq_id] = cache.allocate()
+            slot = self.slots[seq.seq_id]
+            if end > cache.lengths[slot]:
+                rows.append(Row(slot, seq.tokens_from(cache.lengths[slot])[: end - cache.lengths[slot]]))
+            self.views[seq.seq_id] = (end, [])
+        if rows:
+            self.runner.hidden_states(rows)
+
     def forget(self, seq_id: int) -> None:
         self.views.pop(seq_id, None)

@@ -41,6 +41,20 @@ class Eagle3Proposer(SlotProposer):
             raise RuntimeError(f"sequence {seq.seq_id}: target states from position {start}, expected {expected}")
         self.states[seq.seq_id] = torch.cat((held, states[expected - start :]))
 
+    def prefill(self, seqs: list[Sequence], ends: list[int]) -> None:
+        """Feed the pairs whose states have arrived, but the last (see the module's docstring)."""
+        rows, features = [], []
+        for seq in seqs:
+            held = self.states.get(seq.seq_id)
+            if held is None or len(held) < 2:
+                continue
+            slot = self.slots[seq.seq_id]
+            rows.append(Row(slot, seq.tokens_from(self.runner.cache.lengths[slot] + 1)[: len(held) - 1]))
+            features.append(held[:-1])
+            self.states[seq.seq_id] = held[-1:]
+        if rows:
+            self.runner.hidden_states(rows, features=torch.cat(features))
+
     def propose(
         self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None],
         capacity: int | None = None,

@@ -83,6 +83,7 @@ class RemoteDrafter(Proposer):
         # the same command could start the drafter on another host.
         command = [sys.executable, "-m", "minedraft.spec_decode.worker", json.dumps(dataclasses.asdict(args))]
         self.known: dict[int, int] = {}  # seq_id -> how many of the sequence's tokens the drafter has
+        self.prefills: dict[int, tuple[Sequence, int]] = {}  # seq_id -> (sequence, tokens to prefill up to)
         self.released: list[int] = []
         self.in_flight: list[Sequence] | None = None
         self.last_span: tuple[float, float] | None = None
@@ -107,20 +108,38 @@ class RemoteDrafter(Proposer):
 
     def submit(self, seqs: list[Sequence], num_tokens: list[int], capacity: int | None = None) -> None:
         """Start drafting for `seqs` (TETRIS: keeping `capacity` drafts in all); the drafter seeds
-        seeded requests' generators the same way."""
+        seeded requests' generators the same way. Queued prompt chunks go first, for it to prefill."""
+        header, states = self._update("draft")
+        items, more = self._items([(seq, len(seq)) for seq in seqs])
+        header.update(seqs=items, num_tokens=num_tokens, capacity=capacity)
+        self._send(header, [torch.cat(states + more)] if states or more else [])
+        self.in_flight = seqs
+
+    def prefill(self, seqs: list[Sequence], ends: list[int]) -> None:
+        """Queued for the next message: the drafter prefills them beside its next drafts."""
+        for seq, end in zip(seqs, ends):
+            self.prefills[seq.seq_id] = (seq, end)
+
+    def _update(self, op: str) -> tuple[dict, list[torch.Tensor]]:
+        """A message's header with the queued releases and prompt chunks, and the chunks' states."""
+        items, states = self._items(list(self.prefills.values()))
+        header = {"op": op, "release": self.released, "prefill": items}
+        self.released, self.prefills = [], {}
+        return header, states
+
+    def _items(self, seqs: list[tuple[Sequence, int]]) -> tuple[list, list[torch.Tensor]]:
+        """What the drafter has not been sent of each sequence up to its token `end`: the tokens,
+        how to sample it and the target's states (then the span of positions they cover)."""
         items, states = [], []
-        for seq, k in zip(seqs, num_tokens):
+        for seq, end in seqs:
             gen_seed = None if seq.params.seed is None else drafter_seed(seq.params.seed, seq.index)
             known = self.known.get(seq.seq_id, 0)
             start, held = self.states.pop(seq.seq_id, (None, []))
             states += held
-            items.append([seq.seq_id, seq.tokens_from(known), k, seq.params.as_dict(), gen_seed,
+            items.append([seq.seq_id, seq.tokens_from(known)[: end - known], seq.params.as_dict(), gen_seed,
                           None if start is None else [start, sum(len(h) for h in held)]])
-            self.known[seq.seq_id] = len(seq)
-        self._send({"op": "draft", "release": self.released, "seqs": items, "capacity": capacity},
-                   [torch.cat(states)] if states else [])
-        self.released = []
-        self.in_flight = seqs
+            self.known[seq.seq_id] = end
+        return items, states
 
     def collect(self) -> dict[int, tuple[list[int], Dist | None]]:
         """Drafts and draft distributions (None for greedy rows) of the in-flight sub-batch, by seq id."""
@@ -151,21 +170,23 @@ class RemoteDrafter(Proposer):
 
     def release(self, seq: Sequence) -> None:
         self.states.pop(seq.seq_id, None)
+        self.prefills.pop(seq.seq_id, None)
         if self.known.pop(seq.seq_id, None) is not None:
             self.released.append(seq.seq_id)
 
     def flush(self) -> None:
-        """Send queued releases now, if the drafter is idle."""
-        if self.released and self.in_flight is None:
-            self._send({"op": "release", "release": self.released})
-            self.released = []
+        """Send queued releases and prompt chunks now, if the drafter is idle (it prefills while
+        the target works on; its answer to the next message waits for that)."""
+        if (self.released or self.prefills) and self.in_flight is None:
+            header, states = self._update("update")
+            self._send(header, [torch.cat(states)] if states else [])
 
     def free_slots(self) -> int | None:
         """The drafter process's free slots, when it is idle (asking it costs a round trip)."""
         return None if self.in_flight is not None else self.stats()["free_slots"]
 
     def stats(self) -> dict:
-        """The idle drafter's free KV slots and the sequences it holds."""
+        """The idle drafter's free KV slots, the sequences it holds and their tokens it has been sent."""
         if self.in_flight is not None:
             raise RuntimeError("the drafter is drafting; ask for its stats when it is idle")
         self._send({"op": "stats"})

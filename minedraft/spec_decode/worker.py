@@ -65,23 +65,20 @@ def worker_main(args: WorkerArgs) -> None:
         if op == "stop":
             break
         if op == "stats":
-            channel.send({"free_slots": proposer.runner.cache.num_free, "sequences": len(mirrors)})
-        elif op == "draft":
-            start = time.time()
-            seqs, num_tokens, gens = [], [], []
-            states = iter(tensors[0].split([span[1] for *_, span in header["seqs"] if span]) if tensors else ())
-            for seq_id, new_tokens, k, params, gen_seed, state_span in header["seqs"]:
-                seq = mirrors.get(seq_id)
-                if seq is None:
-                    gen = None if gen_seed is None else make_generator(gen_seed)
-                    seq = mirrors[seq_id] = Sequence(seq_id, "", 0, None, [], SamplingParams(**params), gen, None)
-                seq.output_token_ids += new_tokens
-                if state_span is not None:  # the target's states of this sequence's newest positions
-                    proposer.accept_states(seq, state_span[0], next(states))
-                seqs.append(seq)
-                num_tokens.append(k)
-                gens.append(None if seq.params.greedy else seq.generator or default_gen)
-            drafts, dists = proposer.propose(seqs, num_tokens, gens, header.get("capacity"))
+            channel.send({"free_slots": proposer.runner.cache.num_free, "sequences": len(mirrors),
+                          "tokens": sum(len(seq) for seq in mirrors.values())})
+            continue
+        start = time.time()
+        items = header.get("prefill", []) + header.get("seqs", [])
+        states = iter(tensors[0].split([span[1] for *_, span in items if span]) if tensors else ())
+        seqs = [update_mirror(mirrors, item, proposer, states) for item in items]
+        prefilled = seqs[: len(header.get("prefill", []))]
+        if prefilled:
+            proposer.prefill(prefilled, [len(seq) for seq in prefilled])
+        if op == "draft":
+            seqs = seqs[len(prefilled) :]
+            gens = [None if seq.params.greedy else seq.generator or default_gen for seq in seqs]
+            drafts, dists = proposer.propose(seqs, header["num_tokens"], gens, header.get("capacity"))
             # Sampled rows' distributions as drafted: compact ones travel as probabilities over
             # their support (a reduced vocabulary once, or each row's top-k / top-p survivors).
             sampled = [q for q in dists if q is not None]
@@ -89,6 +86,20 @@ def worker_main(args: WorkerArgs) -> None:
             tensors = [] if q is None else [q.probs] if q.ids is None else [q.probs, q.ids]
             answer = {"drafts": drafts, "vocab": None if q is None else q.vocab, "start": start, "end": time.time()}
             channel.send(answer, tensors)
+
+
+def update_mirror(mirrors: dict[int, Sequence], item: list, proposer: Proposer, states) -> Sequence:
+    """Append a message's news of one sequence (new tokens; the target's states of its newest
+    positions for an EAGLE-3 head) to the drafter's mirror of it, made on first sight."""
+    seq_id, new_tokens, params, gen_seed, state_span = item
+    seq = mirrors.get(seq_id)
+    if seq is None:
+        gen = None if gen_seed is None else make_generator(gen_seed)
+        seq = mirrors[seq_id] = Sequence(seq_id, "", 0, None, [], SamplingParams(**params), gen, None)
+    seq.output_token_ids += new_tokens
+    if state_span is not None:
+        proposer.accept_states(seq, state_span[0], next(states))
+    return seq
 
 
 if __name__ == "__main__":

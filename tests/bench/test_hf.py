@@ -30,7 +30,8 @@ def bench_args(tmp_path, **overrides) -> argparse.Namespace:
     args = dict(model=None, dtype="float64", draft_model=None, speculative_config=None, modes="ar,sd,hf",
                 num_speculative_tokens="2,auto", concurrency="1", dataset=None, num_prompts=2, output_len=6,
                 ignore_eos=True, temperature=0.0, max_model_len=256, repeats=1, output_json=None,
-                plot_dir=str(tmp_path / "plots"), seed=0, enforce_eager=True)
+                plot_dir=str(tmp_path / "plots"), seed=0, enforce_eager=True, max_num_batched_tokens=None,
+                enable_chunked_prefill=True)
     return argparse.Namespace(**{**args, **overrides})
 
 

@@ -1,4 +1,4 @@
-from minedraft.bench.plots import plot_latency_cdf, plot_throughput_vs_k, plot_timeline
+from minedraft.bench.plots import plot_itl, plot_latency_cdf, plot_throughput_vs_k, plot_timeline
 
 
 def test_plots_write_pngs(tmp_path):
@@ -14,3 +14,10 @@ def test_plots_write_pngs(tmp_path):
     plot_timeline(trace, tmp_path / "t.png", "psd")
     for name in ("k.png", "cdf.png", "t.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_itl_writes_a_png(tmp_path):
+    path = tmp_path / "plots" / "itl.png"  # a folder that does not exist yet
+    plot_itl([0.0, 0.4, 1.0], [[0.2, 0.25, 0.4], [0.6, 0.61, 0.9, 1.5]], path, "rate 2/s")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000

@@ -27,6 +27,26 @@ def test_batched_equals_one_at_a_time(llm):
     assert [len(t) for t in batched] == [12, 30, 5, 21]
 
 
+@pytest.mark.parametrize("engine", [{"max_num_batched_tokens": 3}, {"max_num_batched_tokens": 6,
+                                                                     "enable_chunked_prefill": False}],
+                         ids=["chunks-of-3", "whole-prompts-up-to-6"])
+def test_prompt_chunks_beside_decode_rows_change_nothing(llm, tiny_llama, engine):
+    """Prompts prefilled a few tokens a step in the same pass as the running rows (or whole, as
+    many as fit) give the outputs of the default engine, with requests arriving mid-run."""
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (12, 30, 5, 21)]
+    want = tokens(llm.generate(as_prompts(PROMPTS), params, use_tqdm=False))
+    chunked = LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=128, trace=True, **engine)
+    ids = [chunked.engine.add_request(p, sp) for p, sp in zip(PROMPTS[:2], params)]
+    chunked.engine.step()
+    ids += [chunked.engine.add_request(p, sp) for p, sp in zip(PROMPTS[2:], params[2:])]
+    done = run_all(chunked.engine)
+    assert [done[i][0].token_ids for i in ids] == want
+    events = [e for e in chunked.engine.trace if "prompt_tokens" in e]
+    assert any(e["kind"] == "decode" for e in events)  # prompt tokens rode beside decode rows
+    # Chunks fill the budget; a whole prompt longer than it (13 tokens) runs without other prompts.
+    assert max(e["prompt_tokens"] for e in events) == (3 if engine.get("enable_chunked_prefill", True) else 13)
+
+
 def test_more_requests_than_slots_queue_and_complete(llm):
     prompts = as_prompts(PROMPTS * 3)  # 12 requests, 4 slots
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)

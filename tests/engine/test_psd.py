@@ -31,10 +31,10 @@ def expected(tiny_llama):
             for p, n in zip(PROMPTS, LENGTHS)]
 
 
-def make(tiny_llama, draft, k=3, max_num_seqs=4, **placement):
+def make(tiny_llama, draft, k=3, max_num_seqs=4, chunk=None, **placement):
     spec = {"model": str(draft), "num_speculative_tokens": k, "parallel": True, "draft_timeout_s": 20, **placement}
     return LLM(str(tiny_llama), dtype="float64", max_num_seqs=max_num_seqs, max_model_len=96, trace=True,
-               speculative_config=spec)
+               max_num_batched_tokens=chunk, speculative_config=spec)
 
 
 def run_staggered(llm, abort_index=None, kill_after=None, stop_after=None):
@@ -60,9 +60,10 @@ def run_staggered(llm, abort_index=None, kill_after=None, stop_after=None):
     return {i: done[r] for i, r in ids if r in done}
 
 
-@pytest.mark.parametrize("k", [1, 3, 5, "auto"])
-def test_greedy_psd_equals_ar_with_arrivals_and_an_abort(tiny_llama, tiny_draft, expected, k):
-    with make(tiny_llama, tiny_draft, k=k) as llm:
+@pytest.mark.parametrize("k,chunk", [(1, None), (3, None), (3, 4), (5, None), ("auto", None), ("auto", 3)])
+def test_greedy_psd_equals_ar_with_arrivals_and_an_abort(tiny_llama, tiny_draft, expected, k, chunk):
+    """Chunk: prompts prefilled that many tokens a step, beside a sub-batch's verification."""
+    with make(tiny_llama, tiny_draft, k=k, chunk=chunk) as llm:
         outs = run_staggered(llm, abort_index=2)
         assert sorted(outs) == [0, 1, 3, 4, 5]  # the aborted request produced no final output
         for i, out in outs.items():
@@ -73,7 +74,30 @@ def test_greedy_psd_equals_ar_with_arrivals_and_an_abort(tiny_llama, tiny_draft,
         assert metrics["num_draft_tokens" if k == "auto" else "num_accepted_tokens"] > 0
         # Every slot is free again, in the target and in the drafter process.
         assert llm.engine.runner.cache.num_free == 4
-        assert llm.engine.proposer.stats() == {"free_slots": 4, "sequences": 0}
+        assert llm.engine.proposer.stats() == {"free_slots": 4, "sequences": 0, "tokens": 0}
+
+
+def test_prompts_reach_the_drafter_at_admission_and_ride_beside_verification(tiny_llama, tiny_draft, expected):
+    """With chunks of 4 prompt tokens a step, the drafter process is sent each chunk once the
+    target has run it and prefills it then, so a request's first draft catches up on one token."""
+    with make(tiny_llama, tiny_draft, chunk=4) as llm:
+        engine = llm.engine
+        long = engine.add_request(PROMPTS[4], greedy(LENGTHS[4]))  # 20 tokens: five chunks
+        for chunk in range(1, 5):
+            engine.step()
+            assert engine.proposer.stats() == {"free_slots": 3, "sequences": 1, "tokens": 4 * chunk}
+        engine.step()  # the last chunk, and the first token: the first draft will send that token alone
+        assert engine.proposer.stats() == {"free_slots": 3, "sequences": 1, "tokens": 20}
+        short = engine.add_request(PROMPTS[0], greedy(LENGTHS[0]))
+        done = {}
+        while engine.has_unfinished():
+            done.update((o.request_id, o.outputs[0].token_ids) for o in engine.step() if o.finished)
+        assert done == {long: expected[4], short: expected[0]}
+        trace = engine.trace
+        prefills = [e for e in trace if e["kind"] == "prefill"]
+        assert [e["prompt_tokens"] for e in prefills] == [4] * 5  # nothing else ran yet
+        # The short prompt's two chunks ran in the passes that verified the long request.
+        assert [e["prompt_tokens"] for e in trace if e["kind"] == "verify" and "prompt_tokens" in e] == [4, 3]
 
 
 def test_self_drafting_psd_accepts_everything(tiny_llama, expected):
@@ -161,7 +185,7 @@ def assert_all_free(llm, slots=4):
     assert not engine.has_unfinished() and not engine.requests
     assert engine.runner.cache.num_free == slots
     assert not engine.batches.group and engine.batches.in_flight is None
-    assert engine.proposer.stats() == {"free_slots": slots, "sequences": 0}
+    assert engine.proposer.stats() == {"free_slots": slots, "sequences": 0, "tokens": 0}
 
 
 def test_aborting_every_request_being_drafted(tiny_llama, tiny_draft, expected):

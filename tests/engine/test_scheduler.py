@@ -4,43 +4,63 @@ from minedraft.engine.detokenizer import DecodeState
 from minedraft.engine.scheduler import Scheduler
 from minedraft.engine.sequence import Sequence, Status
 from minedraft.kv_cache import KVCache
-from minedraft.sampling import SamplingParams
 
 
 def sequence(i: int, prompt_len: int) -> Sequence:
+    from minedraft.sampling import SamplingParams
+
     return Sequence(i, str(i), 0, None, [1] * prompt_len, SamplingParams(), None, DecodeState(0, 0))
 
 
-def test_prefills_fill_the_budget_and_alternate_with_decode_steps():
-    cache = KVCache(1, 4, 64, 1, 2, torch.float32, torch.device("cpu"))
-    scheduler = Scheduler(cache, max_num_batched_tokens=20)
-    seqs = [sequence(i, 10) for i in range(4)]
+def run(scheduler: Scheduler) -> tuple[list[int], list[tuple[int, int]]]:
+    """Schedule a step and play the runner: advance the cache, give finished prompts a token.
+    Returns the decoding sequences' ids and the (id, prompt tokens) chunks."""
+    step = scheduler.schedule()
+    for seq in step.running:
+        scheduler.cache.lengths[seq.slot] = len(seq)
+        seq.output_token_ids.append(7)
+    for seq, n in step.chunks:
+        scheduler.cache.lengths[seq.slot] += n
+        if scheduler.cache.lengths[seq.slot] == len(seq.prompt_token_ids):
+            seq.output_token_ids.append(7)
+    return [s.seq_id for s in step.running], [(s.seq_id, n) for s, n in step.chunks]
+
+
+def test_prompts_are_split_into_chunks_beside_the_running_streams():
+    cache = KVCache(1, 3, 64, 1, 2, torch.float32, torch.device("cpu"))
+    scheduler = Scheduler(cache, max_num_batched_tokens=8)
+    seqs = [sequence(i, n) for i, n in enumerate((5, 10, 3, 2))]
     for seq in seqs[:3]:
         scheduler.add(seq)
-    assert scheduler.schedule() == (seqs[:2], True)  # two rows of 10 fit the budget of 20, three do not
-    scheduler.add(seqs[3])
-    assert scheduler.schedule() == (seqs[:2], False)  # the running ones decode before the next prefill
-    assert scheduler.schedule() == (seqs[2:], True)
-    assert scheduler.schedule() == (seqs, False)
+    assert run(scheduler) == ([], [(0, 5), (1, 3)])  # the budget of 8 prompt tokens, split
+    assert run(scheduler) == ([0], [(1, 7), (2, 1)])  # the begun prompt first; 0 decodes beside
+    scheduler.add(seqs[3])  # no free slot: it waits
+    assert run(scheduler) == ([0, 1], [(2, 2)])
     scheduler.finish(seqs[0], "stop")
-    assert seqs[0].status == Status.FINISHED and scheduler.schedule() == (seqs[1:], False)
+    assert seqs[0].status == Status.FINISHED and seqs[0].slot is None
+    assert run(scheduler) == ([1, 2], [(3, 2)])  # admitted into the freed slot
+    assert run(scheduler) == ([1, 2, 3], [])
 
 
-def test_the_budget_counts_prompt_tokens_not_padding():
+def test_without_chunking_prompts_go_whole_and_the_first_always_fits():
     cache = KVCache(1, 4, 64, 1, 2, torch.float32, torch.device("cpu"))
-    scheduler = Scheduler(cache, max_num_batched_tokens=12)
-    short, long, other = sequence(0, 2), sequence(1, 10), sequence(2, 1)
-    for seq in (short, long, other):
+    scheduler = Scheduler(cache, max_num_batched_tokens=8, chunked=False)
+    seqs = [sequence(i, n) for i, n in enumerate((12, 4, 4, 3))]
+    for seq in seqs:
         scheduler.add(seq)
-    assert scheduler.schedule() == ([short, long], True)  # 12 tokens (padded to 10 each they were 20)
+    assert run(scheduler) == ([], [(0, 12)])  # longer than the budget: alone
+    assert run(scheduler) == ([0], [(1, 4), (2, 4)])
+    assert run(scheduler) == ([0, 1, 2], [(3, 3)])
 
 
-def test_with_nothing_running_prefills_follow_each_other():
-    cache = KVCache(1, 2, 64, 1, 2, torch.float32, torch.device("cpu"))
-    scheduler = Scheduler(cache, max_num_batched_tokens=10)
-    a, b = sequence(0, 10), sequence(1, 10)
+def test_waiting_sequences_can_finish_before_admission():
+    cache = KVCache(1, 1, 64, 1, 2, torch.float32, torch.device("cpu"))
+    scheduler = Scheduler(cache, max_num_batched_tokens=4)
+    a, b = sequence(0, 6), sequence(1, 2)
     scheduler.add(a)
     scheduler.add(b)
-    assert scheduler.schedule() == ([a], True)
-    scheduler.finish(a, "abort")
-    assert scheduler.schedule() == ([b], True)
+    assert run(scheduler) == ([], [(0, 4)])
+    scheduler.finish(b, "abort")  # aborted while waiting
+    assert run(scheduler) == ([], [(0, 2)])
+    scheduler.finish(a, "stop")
+    assert not scheduler.has_work() and cache.num_free == 1

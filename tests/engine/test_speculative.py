@@ -28,11 +28,13 @@ def greedy_params():
     return [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (23, 40, 7, 31, 12)]
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, "auto"])
-def test_greedy_sd_equals_ar(ar, tiny_llama, tiny_draft, k):
+@pytest.mark.parametrize("k,chunk", [(1, None), (2, None), (3, None), (3, 4), (4, None), (5, None), ("auto", None),
+                                     ("auto", 5)])
+def test_greedy_sd_equals_ar(ar, tiny_llama, tiny_draft, k, chunk):
+    """Chunk: prompts prefilled that many tokens a step, beside the verification rows."""
     prompts = [{"prompt_token_ids": p} for p in PROMPTS]
     expected = token_ids(ar.generate(prompts, greedy_params(), use_tqdm=False))
-    sd = LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=96,
+    sd = LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=96, max_num_batched_tokens=chunk,
              speculative_config={"model": str(tiny_draft), "num_speculative_tokens": k})
     assert token_ids(sd.generate(prompts, greedy_params(), use_tqdm=False)) == expected
     m = sd.get_metrics()
@@ -116,18 +118,22 @@ def small_vocab_pair(tmp_path_factory):
             save_tiny_checkpoint(root / "draft", "llama", seed=3, vocab_size=12, num_hidden_layers=1))
 
 
-@pytest.mark.parametrize("placement", [{}, {"parallel": True}, {"draft_device": "cpu"}, {"num_speculative_tokens": "auto"},
-                                       {"tetris": True, "tetris_extra_proposals": 2, "tetris_capacity": 40}],
-                         ids=["sd", "psd", "sd-remote", "sd-auto", "sd-tetris"])
-def test_speculation_samples_the_targets_distribution(small_vocab_pair, placement):
+CHUNKED = {"max_num_batched_tokens": 30}  # 7.5 prompts of 4 tokens a step: one split every step
+
+
+@pytest.mark.parametrize("placement,engine", [
+    ({}, {}), ({"parallel": True}, {}), ({"draft_device": "cpu"}, {}), ({"num_speculative_tokens": "auto"}, {}),
+    ({"tetris": True, "tetris_extra_proposals": 2, "tetris_capacity": 40}, {}), ({}, CHUNKED),
+    ({"parallel": True}, CHUNKED)], ids=["sd", "psd", "sd-remote", "sd-auto", "sd-tetris", "sd-chunked", "psd-chunked"])
+def test_speculation_samples_the_targets_distribution(small_vocab_pair, placement, engine):
     """At temperature 1 the second token (the first one speculation produces) follows the target's
     exact distribution; the draft's own distribution is far from it, so a sampler that leaned on
-    the draft would fail."""
+    the draft would fail. Chunked: prompts split over steps, beside verification rows."""
     target, draft = small_vocab_pair
     prompt = [1, 5, 7, 2]
     exact = exact_second_token_distribution(target, prompt)
     draft_exact = exact_second_token_distribution(draft, prompt)
-    sd = LLM(str(target), dtype="float64", max_num_seqs=64, max_model_len=32,
+    sd = LLM(str(target), dtype="float64", max_num_seqs=64, max_model_len=32, **engine,
              speculative_config={"model": str(draft), "num_speculative_tokens": 2, **placement})
     n = 6000
     empirical = second_token_histogram(sd, prompt, n, exact.numel())

@@ -91,12 +91,16 @@ PLACEMENTS = [{}, {"draft_device": "cpu"}, {"parallel": True}, {"num_speculative
 IDS = ["sd", "sd-remote", "psd", "sd-auto", "sd-tetris", "psd-tetris"]
 
 
+@pytest.mark.parametrize("chunk", [None, 4], ids=["whole-prompts", "chunks-of-4"])
 @pytest.mark.parametrize("placement", PLACEMENTS, ids=IDS)
-def test_greedy_eagle3_equals_ar(ar, tiny_llama, tiny_eagle3, placement):
+def test_greedy_eagle3_equals_ar(ar, tiny_llama, tiny_eagle3, placement, chunk):
+    """Also with prompts prefilled 4 tokens a step beside the other rows: the head then receives
+    the target's states of a prompt chunk by chunk."""
     prompts = [{"prompt_token_ids": p} for p in PROMPTS]
     expected = token_ids(ar.generate(prompts, greedy_params(), use_tqdm=False))
     spec = {"model": str(tiny_eagle3), "num_speculative_tokens": 3, **placement}
-    with LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=96, speculative_config=spec) as sd:
+    with LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=96, speculative_config=spec,
+             max_num_batched_tokens=chunk) as sd:
         assert sd.engine.config.speculative.method == "eagle3"  # inferred from the checkpoint
         assert token_ids(sd.generate(prompts, greedy_params(), use_tqdm=False)) == expected
         m = sd.get_metrics()
