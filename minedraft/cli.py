@@ -25,6 +25,9 @@ def add_prefill_args(parser: argparse.ArgumentParser) -> None:
                         help="prompt tokens a step may carry beside the running rows (default: 64 on CPU, 2048 on GPU)")
     parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
                         help="split prompts over steps (default); without, a prompt runs whole")
+    parser.add_argument("--prefill-stall-ratio", type=lambda v: None if v.lower() == "none" else float(v), default=None,
+                        help="beside running streams, a lone prompt's chunks shrink so that a step takes at most "
+                             "this many times a step without them, e.g. 2.5 (default none: the full budget)")
 
 
 def add_speculative_arg(parser: argparse.ArgumentParser) -> None:

@@ -1,5 +1,6 @@
 """Engine configuration, validated in one place."""
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,6 +203,11 @@ class EngineConfig:
     # None: CPU_MAX_NUM_BATCHED_TOKENS on CPU, GPU_MAX_NUM_BATCHED_TOKENS elsewhere.
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool = True  # split prompts over steps (else a prompt goes whole, alone if too long)
+    # Opt-in: beside running streams, a lone prompt's chunks shrink so that a step takes at most
+    # this many times a step without them (engine.scheduler.PrefillPacer); None: the whole budget.
+    # Off by default: its gain was small and mixed (docs/BENCHMARKS.md, issue 19) and it makes the
+    # chunking depend on timing.
+    prefill_stall_ratio: float | None = None
     kv_cache_memory_gb: float | None = None  # cap on KV-cache memory; None: max_num_seqs full slots
     num_threads: int | None = None  # torch threads on CPU; None: leave torch's default
     seed: int = 0  # for requests without their own seed
@@ -240,6 +246,10 @@ class EngineConfig:
                 f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
                 f"{self.model_args.max_position_embeddings}"
             )
+        ratio = self.prefill_stall_ratio
+        if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float))
+                                  or not math.isfinite(ratio) or ratio <= 1):
+            raise ValueError(f"prefill_stall_ratio must be a number > 1 or None, got {ratio!r}")
         for name in ("enforce_eager", "enable_chunked_prefill"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")

@@ -111,8 +111,8 @@ def verified_rows(trace: list[dict]) -> list[tuple[int, int]]:
 
 
 def trace_figures(trace: list[dict], makespan: float) -> dict:
-    """Step times (median and mean), rows per step, seconds of prefill, and the share of the run
-    each side sat idle."""
+    """Step times (median and mean; the longest draft), rows per step, seconds of prefill, and the
+    share of the run each side sat idle."""
     def mean(values: list[float]) -> float | None:
         return statistics.mean(values) if values else None
 
@@ -121,6 +121,7 @@ def trace_figures(trace: list[dict], makespan: float) -> dict:
     return {
         "verify_s_median": statistics.median(verify) if verify else None,
         "draft_s_median": statistics.median(draft) if draft else None,
+        "draft_s_max": max(draft) if draft else None,  # catch-up drafts (a late prompt) show here
         "verify_s_mean": mean(verify), "draft_s_mean": mean(draft), "decode_s_mean": mean(decode),
         "rows_per_step": mean([e["size"] for e in trace if e["kind"] == step_kind]),
         "prefill_s": sum(prefill),
@@ -186,7 +187,8 @@ def build_engines(args: argparse.Namespace, modes: list[str], base: dict, k: int
         llms[mode] = LLM(args.model, dtype=args.dtype, max_num_seqs=max_num_seqs, max_model_len=args.max_model_len,
                          seed=args.seed, speculative_config=spec_config, trace=True,
                          enforce_eager=args.enforce_eager, max_num_batched_tokens=args.max_num_batched_tokens,
-                         enable_chunked_prefill=args.enable_chunked_prefill)
+                         enable_chunked_prefill=args.enable_chunked_prefill,
+                         prefill_stall_ratio=args.prefill_stall_ratio)
     return llms
 
 

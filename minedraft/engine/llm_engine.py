@@ -54,7 +54,8 @@ class LLMEngine:
         self.batches = BatchManager() if self.proposer is not None and spec.parallel else None
         self.draft_length = self._controller()
         self.trace: list[dict] | None = [] if config.trace else None
-        self.scheduler = Scheduler(self.runner.cache, config.max_num_batched_tokens, config.enable_chunked_prefill)
+        self.scheduler = Scheduler(self.runner.cache, config.max_num_batched_tokens, config.enable_chunked_prefill,
+                                   config.prefill_stall_ratio)
         self.inputs = InputProcessor(config)
         self.tokenizer = self.inputs.tokenizer
         self.output = OutputProcessor(self.tokenizer, eos_token_ids(config.model_path, self.tokenizer),
@@ -153,6 +154,7 @@ class LLMEngine:
         if not step:
             return []
         seqs, chunks = step.running, step.chunks
+        start = time.perf_counter()
         try:
             if self.proposer is None or not seqs:
                 self._decode(seqs, chunks)
@@ -170,6 +172,7 @@ class LLMEngine:
             for seq in seqs + [s for s, _ in chunks]:
                 self._finish(seq, "error")
         self._release_drafter_slots()
+        self.scheduler.pacer.observe(time.perf_counter() - start, bool(step.running), sum(n for _, n in chunks))
         # A prompt that is still being prefilled has nothing new to report.
         advanced = seqs + [s for s, _ in chunks if s.output_token_ids or s.status == Status.FINISHED]
         return self.output.request_outputs(self.requests, advanced)

@@ -17,11 +17,55 @@ class ScheduledStep:
         return bool(self.running or self.chunks)
 
 
+class PrefillPacer:
+    """Sizes the prompt chunks that ride beside running streams, so that a step carrying them takes
+    at most `stall_ratio` times a step without them: the stall a prompt causes in every stream's
+    inter-token gap stays bounded whatever the prompt lengths. It learns, as moving averages, the
+    time of a step without prompt tokens and the time each prompt token adds (on a CPU a one-token
+    decode step is memory-bound and compiled, a chunk compute-bound and eager: without pacing a
+    64-token chunk stretched a 24 ms step fivefold, docs/BENCHMARKS.md, issue 19). It paces only a
+    lone prompt: with several being prefilled or waiting, prefill is the bottleneck, and pacing it
+    cost a quarter of the throughput under overload; with no stream running, nobody waits. Then
+    prompts take the whole `max_tokens`."""
+
+    WEIGHT = 0.2  # of the newest observation in each moving average
+    MIN_TOKENS = 8  # prompts keep moving however slow a token is
+
+    def __init__(self, stall_ratio: float | None, max_tokens: int):
+        self.stall_ratio = stall_ratio
+        self.max_tokens = max_tokens
+        self.step_s: float | None = None  # a step of running rows alone
+        self.token_s: float | None = None  # what one prompt token adds to such a step
+
+    def budget(self, streams: bool, prompts: int = 1) -> int:
+        """Prompt tokens for the next step; `streams`: whether prefilled sequences run in it;
+        `prompts`: how many prompts are being prefilled or wait for a slot."""
+        if not streams or prompts > 1 or self.stall_ratio is None or self.step_s is None or not self.token_s:
+            return self.max_tokens
+        fit = int((self.stall_ratio - 1) * self.step_s / self.token_s)
+        return max(min(self.MIN_TOKENS, self.max_tokens), min(fit, self.max_tokens))
+
+    def observe(self, seconds: float, streams: bool, prompt_tokens: int) -> None:
+        """A finished step's time, whether it ran streams, and the prompt tokens it carried."""
+        if not streams:
+            return
+        if not prompt_tokens:
+            self.step_s = _average(self.step_s, seconds, self.WEIGHT)
+        elif self.step_s is not None:
+            self.token_s = _average(self.token_s, max(seconds - self.step_s, 0.0) / prompt_tokens, self.WEIGHT)
+
+
+def _average(mean: float | None, value: float, weight: float) -> float:
+    return value if mean is None else (1 - weight) * mean + weight * value
+
+
 class Scheduler:
-    def __init__(self, cache: KVCache, max_num_batched_tokens: int, chunked: bool = True):
+    def __init__(self, cache: KVCache, max_num_batched_tokens: int, chunked: bool = True,
+                 stall_ratio: float | None = None):
         self.cache = cache
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked = chunked
+        self.pacer = PrefillPacer(stall_ratio if chunked else None, max_num_batched_tokens)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -36,16 +80,19 @@ class Scheduler:
         return 0 if seq.output_token_ids else len(seq.prompt_token_ids) - self.cache.lengths[seq.slot]
 
     def schedule(self) -> ScheduledStep:
-        """The next step: every prefilled sequence, and up to `max_num_batched_tokens` prompt tokens,
-        first of prompts already begun, then of waiting requests admitted in order while slots are
-        free. Streams in flight thus never wait for more than one bounded chunk of prompts. Without
-        chunking a prompt is never split: prompts go whole while they fit (the first one always)."""
-        step, budget = ScheduledStep(), self.max_num_batched_tokens
+        """The next step: every prefilled sequence, and up to `max_num_batched_tokens` prompt tokens
+        (fewer beside running streams, as the pacer allows), first of prompts already begun, then
+        of waiting requests admitted in order while slots are free. Streams in flight thus never
+        wait for more than one bounded chunk of prompts. Without chunking a prompt is never split:
+        prompts go whole while they fit (the first one always)."""
+        step = ScheduledStep()
+        prefilling = []
         for seq in self.running:
+            (prefilling if self.prompt_left(seq) else step.running).append(seq)
+        budget = self.pacer.budget(bool(step.running), len(prefilling) + len(self.waiting))
+        for seq in prefilling:
             left = self.prompt_left(seq)
-            if not left:
-                step.running.append(seq)
-            elif budget > 0 and (self.chunked or not step.chunks or left <= budget):
+            if budget > 0 and (self.chunked or not step.chunks or left <= budget):
                 n = left if not self.chunked else min(left, budget)
                 step.chunks.append((seq, n))
                 budget -= n

@@ -147,6 +147,10 @@ def test_bad_sampling_params_name_the_field(kwargs, field):
     ({"max_num_seqs": 0}, "max_num_seqs"),
     ({"max_model_len": 100000}, "max_position_embeddings"),
     ({"kv_cache_memory_gb": 1e-9}, "kv_cache_memory_gb"),
+    ({"prefill_stall_ratio": 1}, "prefill_stall_ratio"),
+    ({"prefill_stall_ratio": float("nan")}, "prefill_stall_ratio"),
+    ({"prefill_stall_ratio": True}, "prefill_stall_ratio"),
+    ({"enable_chunked_prefill": 1}, "enable_chunked_prefill"),
 ])
 def test_bad_engine_config_is_named(tiny_llama, kwargs, message):
     kwargs = {"model": str(tiny_llama), **kwargs}

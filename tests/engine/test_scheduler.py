@@ -1,7 +1,7 @@
 import torch
 
 from minedraft.engine.detokenizer import DecodeState
-from minedraft.engine.scheduler import Scheduler
+from minedraft.engine.scheduler import PrefillPacer, Scheduler
 from minedraft.engine.sequence import Sequence, Status
 from minedraft.kv_cache import KVCache
 
@@ -64,3 +64,39 @@ def test_waiting_sequences_can_finish_before_admission():
     assert run(scheduler) == ([], [(0, 2)])
     scheduler.finish(a, "stop")
     assert not scheduler.has_work() and cache.num_free == 1
+
+
+def test_the_pacer_keeps_a_step_with_chunks_within_the_stall_ratio():
+    pacer = PrefillPacer(stall_ratio=2.5, max_tokens=64)
+    assert pacer.budget(streams=True) == 64  # nothing measured yet
+    pacer.observe(0.024, streams=True, prompt_tokens=0)  # a decode step
+    assert pacer.budget(streams=True) == 64  # the cost of a prompt token is not known yet
+    pacer.observe(0.124, streams=True, prompt_tokens=64)  # 64 tokens added 100 ms
+    # 1.5 decode steps' worth of prompt tokens: 0.036 s / (0.1 s / 64) = 23.04
+    assert pacer.budget(streams=True) == 23
+    assert pacer.budget(streams=False) == 64  # nobody waits on a step of prompts alone
+    assert pacer.budget(streams=True, prompts=2) == 64  # a backlog of prompts: prefill is the bottleneck
+    pacer.observe(5.0, streams=False, prompt_tokens=64)  # and it teaches nothing
+    assert pacer.budget(streams=True) == 23
+    for _ in range(50):  # tokens get dear: the floor keeps prompts moving
+        pacer.observe(1.0, streams=True, prompt_tokens=23)
+    assert pacer.budget(streams=True) == PrefillPacer.MIN_TOKENS
+    unpaced = PrefillPacer(stall_ratio=None, max_tokens=64)
+    unpaced.observe(0.024, streams=True, prompt_tokens=0)
+    unpaced.observe(0.124, streams=True, prompt_tokens=64)
+    assert unpaced.budget(streams=True) == 64
+
+
+def test_chunks_beside_streams_take_the_pacers_budget():
+    cache = KVCache(1, 2, 128, 1, 2, torch.float32, torch.device("cpu"))
+    scheduler = Scheduler(cache, max_num_batched_tokens=40, stall_ratio=2.0)
+    scheduler.pacer.step_s, scheduler.pacer.token_s = 0.02, 0.002  # room for 10 prompt tokens
+    first, second = sequence(0, 30), sequence(1, 30)
+    scheduler.add(first)
+    assert run(scheduler) == ([], [(0, 30)])  # no stream runs: the whole budget
+    scheduler.add(second)
+    assert run(scheduler) == ([0], [(1, 10)])
+    scheduler.add(sequence(2, 30))  # no slot for it, but it waits: no more pacing
+    assert run(scheduler) == ([0], [(1, 20)])
+    unchunked = Scheduler(cache, max_num_batched_tokens=40, chunked=False, stall_ratio=2.0)
+    assert unchunked.pacer.stall_ratio is None  # a prompt that must go whole is not paced
