@@ -98,6 +98,9 @@ def _compiling() -> Iterator[None]:
 
 
 def _pad(t: torch.Tensor, n: int, size: int) -> torch.Tensor:
-    """`t` ([n, ...]) with zero rows appended up to `size` rows, contiguous (a graph is built for
-    one memory layout of its inputs: another would compile again)."""
-    return t.contiguous() if n == size else torch.cat((t, t.new_zeros(size - n, *t.shape[1:])))
+    """`t` ([n, ...]) with zero rows appended up to `size` rows: contiguous and an inference
+    tensor, whether padded or not, since a graph's guards check both (an EAGLE-3 head's features,
+    made outside inference mode, otherwise built each size's graph again on first use)."""
+    if n < size:
+        return torch.cat((t, t.new_zeros(size - n, *t.shape[1:])))
+    return t if t.is_inference() and t.is_contiguous() else t.clone(memory_format=torch.contiguous_format)
