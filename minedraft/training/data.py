@@ -41,11 +41,12 @@ def write_shard(path: Path, samples: list[dict]) -> None:
 
 
 def generate_data(llm: LLM, data_dir: Path, num_prompts: int, shard_size: int, max_tokens: int,
-                  top_k: int, seed: int = 0) -> list[Path]:
+                  top_k: int, seed: int = 0, mix: str = "default") -> list[Path]:
     """Generate every missing shard; returns all shard paths. Half the replies are greedy, half
-    sampled at temperature 1, so the drafter sees both regimes it will be used in."""
+    sampled at temperature 1, so the drafter sees both regimes it will be used in. `mix`: the
+    prompt families (prompts.build_prompts)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    prompts = build_prompts(num_prompts, seed)
+    prompts = build_prompts(num_prompts, seed, mix)
     paths = []
     for index, first in enumerate(range(0, num_prompts, shard_size)):
         path = data_dir / f"shard-{index:04d}.pt"
@@ -54,6 +55,14 @@ def generate_data(llm: LLM, data_dir: Path, num_prompts: int, shard_size: int, m
             continue
         # Similar lengths side by side: prefill pads each batch to its longest prompt.
         chunk = sorted(prompts[first : first + shard_size], key=lambda c: len(c[1]))
+        # Characters do not bound tokens (symbols and non-Latin text take several): a prompt
+        # without room for a whole reply is left out rather than failing the shard.
+        room = llm.engine.config.max_model_len - max_tokens
+        fits = [len(llm.engine.encode(llm.engine.apply_chat_template([{"role": "user", "content": t}]))) <= room
+                for _, t in chunk]
+        if not all(fits):
+            log.info("%s: %d prompts too long for max_model_len, left out", path.name, fits.count(False))
+            chunk = [c for c, ok in zip(chunk, fits) if ok]
         params = [SamplingParams(temperature=0.0 if (first + i) % 2 == 0 else 1.0, max_tokens=max_tokens,
                                  seed=seed + first + i, logprobs=top_k) for i in range(len(chunk))]
         outs = llm.chat([[{"role": "user", "content": text}] for _, text in chunk], params)

@@ -23,9 +23,10 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from minedraft.engine.model_runner import ModelRunner, Row
-from minedraft.models.eagle3 import Eagle3Args, Eagle3Head, save_eagle3
+from minedraft.models.eagle3 import Eagle3Args, Eagle3Head, _hf_to_ours, save_eagle3
 from minedraft.models.hf_format import ModelArgs
 from minedraft.models.llama import Decoder, rope_tables, rotate
+from minedraft.models.loader import read_config, read_safetensors
 from minedraft.training.distill import batches
 
 log = logging.getLogger("minedraft")
@@ -116,6 +117,30 @@ def new_head(target: Decoder, vocab_ids: torch.Tensor, aux_layers: tuple[int, ..
     return head
 
 
+def head_vocabulary(folder: Path) -> torch.Tensor:
+    """The target ids of an exported head's draft vocabulary (from its d2t), in draft order."""
+    return _hf_to_ours(read_safetensors(folder))["draft_to_target"]
+
+
+def head_aux_layers(folder: Path | None, target_layers: int) -> tuple[int, ...]:
+    """The target layers an exported head reads (the default for the target's depth without one)."""
+    config = Eagle3Args.from_hf(read_config(folder)) if folder is not None else Eagle3Args(None, 0, None, False)
+    return config.aux_layers(target_layers)
+
+
+def warm_start(head: Eagle3Head, folder: Path) -> None:
+    """Load an exported head's weights (public layout) into a new head of the same shape and
+    draft vocabulary, in the new head's dtype."""
+    state = _hf_to_ours(read_safetensors(folder))
+    if not torch.equal(state["draft_to_target"], head.draft_to_target):
+        raise ValueError(f"{folder} has another draft vocabulary than the one being trained")
+    own = head.state_dict()
+    missing = set(own) - set(state)
+    if missing or any(state[k].shape != own[k].shape for k in own):
+        raise ValueError(f"{folder} does not match the head's shape (missing {sorted(missing)})")
+    head.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=True)
+
+
 def ttt_attention(head: Eagle3Head, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   kv: list[tuple[torch.Tensor, torch.Tensor]], pad: torch.Tensor) -> torch.Tensor:
     """Attention of draft step j = len(kv) for every position t of [B, T, 2H] inputs: step 0's keys
@@ -184,7 +209,8 @@ class Trainer:
     """Owns the head, its optimiser and the position in the data; checkpoints all three."""
 
     def __init__(self, target: Decoder, work: Path, config: Eagle3TrainConfig, aux_layers: tuple[int, ...],
-                 vocab_ids: torch.Tensor):
+                 vocab_ids: torch.Tensor, init_from: Path | None = None):
+        """`init_from`: an exported head to start from (ignored once a checkpoint exists)."""
         self.config, self.work = config, work
         self.head = new_head(target, vocab_ids, aux_layers, config.seed)
         self.aux_layers = aux_layers
@@ -205,6 +231,9 @@ class Trainer:
             self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
             self.seconds, self.best = state["seconds"], state["best"]
             log.info("resumed at step %d (epoch %d, %.1f min)", self.step, self.epoch, self.seconds / 60)
+        elif init_from is not None:
+            warm_start(self.head, init_from)
+            log.info("warm start from %s", init_from)
 
     def save(self) -> None:
         tmp = self.checkpoint.with_suffix(".tmp")
@@ -254,8 +283,9 @@ class Trainer:
             b = collate(batch)
             T = b["ids"].shape[1]
             alive = None
+            top = (b["final"] @ self.full_head).argmax(-1)  # the target's greedy token after each position
             for j, (logits, _, mask) in enumerate(unroll(self.head, b, k, self.cos, self.sin, self.target_head)):
-                target_top = (b["final"][:, (torch.arange(T - 1) + 1 + j).clamp_max(T - 1)] @ self.full_head).argmax(-1)
+                target_top = top[:, (torch.arange(T - 1) + 1 + j).clamp_max(T - 1)]
                 if alive is None:  # reply positions where all k drafts fit
                     alive = mask & (torch.arange(T - 1)[None, :] + k < b["length"][:, None])
                 reached[j] += alive.sum()

@@ -108,18 +108,40 @@ def _clean(text: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", text).strip()
 
 
+def _read_text(path: Path) -> str:
+    try:
+        raw = gzip.open(path).read() if path.suffix == ".gz" else path.read_bytes()
+    except OSError:
+        return ""
+    return raw.decode("utf-8", errors="ignore")
+
+
+def prose_chunks(text: str, max_chars: int) -> list[str]:
+    """Consecutive prose paragraphs of `text` packed into chunks of at most max_chars."""
+    chunks, chunk = [], ""
+    for para in re.split(r"\n\s*\n", text):
+        para = _clean(para)
+        # Prose only: enough words, few symbols (skips tables, code and licence boilerplate).
+        if len(para.split()) < 12 or sum(not c.isalnum() and not c.isspace() for c in para) > len(para) / 8:
+            continue
+        if len(chunk) + len(para) > max_chars:
+            if chunk:
+                chunks.append(chunk)
+            chunk = para[:max_chars]
+        else:
+            chunk = f"{chunk}\n\n{para}" if chunk else para
+    if chunk:
+        chunks.append(chunk)
+    return chunks
+
+
 def doc_passages(max_chars: int = 700, limit: int = 4000) -> list[str]:
     """Prose paragraphs from installed documentation and Python docstrings, up to max_chars each."""
     texts = []
     doc = Path("/usr/share/doc")
     patterns = ("README*", "*.txt", "*.md", "*.rst", "*.md.gz", "*.txt.gz", "README*.gz", "NEWS*")
     files = sorted({f for pat in patterns for f in doc.rglob(pat) if f.is_file()}) if doc.is_dir() else []
-    for f in files:
-        try:
-            raw = gzip.open(f).read() if f.suffix == ".gz" else f.read_bytes()
-            texts.append(raw.decode("utf-8", errors="ignore"))
-        except OSError:
-            continue
+    texts += [_read_text(f) for f in files]
     for name in sorted(sys.stdlib_module_names):
         if name.startswith("_") or name in ("antigravity", "this", "idlelib", "tkinter", "turtledemo"):
             continue
@@ -130,22 +152,7 @@ def doc_passages(max_chars: int = 700, limit: int = 4000) -> list[str]:
         except Exception:  # optional modules missing on this machine
             continue
         texts.append(pydoc.getdoc(module))
-    passages = []
-    for text in texts:
-        chunk = ""
-        for para in re.split(r"\n\s*\n", text):
-            para = _clean(para)
-            # Prose only: enough words, few symbols (skips tables, code and licence boilerplate).
-            if len(para.split()) < 12 or sum(not c.isalnum() and not c.isspace() for c in para) > len(para) / 8:
-                continue
-            if len(chunk) + len(para) > max_chars:
-                if chunk:
-                    passages.append(chunk)
-                chunk = para[:max_chars]
-            else:
-                chunk = f"{chunk}\n\n{para}" if chunk else para
-        if chunk:
-            passages.append(chunk)
+    passages = [chunk for text in texts for chunk in prose_chunks(text, max_chars)]
     return passages[:limit] if len(passages) <= limit else random.Random(0).sample(passages, limit)
 
 
@@ -153,9 +160,149 @@ def sentences(passages: list[str]) -> list[str]:
     return [s for p in passages for s in re.split(r"(?<=[.!?])\s+", p) if 6 <= len(s.split()) <= 30]
 
 
-def build_prompts(num: int, seed: int = 0) -> list[tuple[str, str]]:
-    """`num` (category, user message) pairs; prompt i depends only on (seed, i), so a longer list
-    starts with a shorter one."""
+# -- families shaped like Spec-Bench's tasks (its task formats, none of its text) -------------------------
+
+FORTUNES = Path("/usr/share/games/fortunes")
+DEBIAN_REFERENCE = Path("/usr/share/debian-reference")  # debian-reference-{en,de}
+WORDNET = Path("/usr/share/wordnet")  # wordnet-base
+
+
+def fortunes(folder: Path, max_words: int = 60) -> list[str]:
+    """The entries of the fortune files in `folder` (fortunes, fortunes-de), attribution lines
+    dropped and lines joined; ASCII art and entries longer than max_words left out."""
+    entries = []
+    files = sorted(f for f in folder.glob("*") if f.is_file() and not f.suffix and "art" not in f.name)
+    for f in files:
+        for entry in _read_text(f).split("\n%\n"):
+            lines = [line.strip() for line in entry.splitlines() if not line.strip().startswith("--")]
+            text = " ".join(line for line in lines if line)
+            # Dialogue, lists and pictures are mostly symbols: keep prose.
+            if any(c in text for c in "<>|*") or "://" in text:  # chat logs, markup, addresses
+                continue
+            if 4 <= len(text.split()) <= max_words and sum(c.isalpha() or c.isspace() for c in text) > 0.9 * len(text):
+                entries.append(text)
+    return entries
+
+
+def german_sentences() -> list[str]:
+    """German sentences from the German fortunes and the German Debian Reference."""
+    lines = fortunes(FORTUNES / "de", max_words=35)
+    lines += sentences(prose_chunks(_read_text(DEBIAN_REFERENCE / "debian-reference.de.txt.gz"), 700))
+    return [" ".join(line.split()) for line in lines]
+
+
+def long_passages() -> list[str]:
+    """Documents of 1,200-3,000 characters (Debian Reference, the Jargon File) to summarise or to answer from (Spec-Bench's articles
+    and retrieved passages are that long)."""
+    texts = [_read_text(DEBIAN_REFERENCE / "debian-reference.en.txt.gz"),
+             _read_text(Path("/usr/share/doc/jargon-text/jargon.txt.gz"))]
+    # Not the package NEWS files doc_passages reads: change lists are not articles.
+    chunks = [c for text in texts for c in prose_chunks(text, 3000)]
+    # One line per paragraph, as articles are; change lists (many bullet lines) are not prose.
+    return [" ".join(c.split()) for c in chunks if len(c) >= 1200 and c.count("\n- ") + c.count("\n* ") < 3]
+
+
+def wordnet_terms() -> dict[str, list[str]]:
+    """WordNet nouns by kind: "person" and "place" (named instances), "thing" (other nouns)."""
+    kinds: dict[str, list[str]] = {"person": [], "place": [], "thing": []}
+    for line in _read_text(WORDNET / "data.noun").splitlines():
+        if line.startswith(" "):  # licence header
+            continue
+        fields = line.split(" ")
+        lexfile, word = int(fields[1]), fields[4].replace("_", " ")
+        instance = " @i " in line
+        if lexfile == 18 and instance:
+            kinds["person"].append(word)
+        elif lexfile == 15 and instance:
+            kinds["place"].append(word)
+        elif not instance and word.islower() and len(word) > 3:
+            kinds["thing"].append(word)
+    return kinds
+
+
+QA = {  # short factual questions, as people type them into a search box
+    "person": ["Who was {x}?", "What is {x} known for?", "When was {x} born?", "Where did {x} live?",
+               "What did {x} do?", "Why is {x} famous?"],
+    "place": ["Where is {x}?", "Where is {x} located on a map?", "What country is {x} in?",
+              "What is {x} famous for?", "What language do people speak in {x}?", "How big is {x}?"],
+    "thing": ["What is a {x}?", "What is {x} used for?", "What does {x} mean?", "Where does {x} come from?",
+              "How does a {x} work?", "Who invented the {x}?"],
+}
+
+RAG_QUESTIONS = ["What is {x}?", "What does the text say about {x}?", "How is {x} used?", "Why does {x} matter here?",
+                 "Where can I find {x}?", "What is {x} for?", "When should you use {x}?"]
+
+
+def word_problem(rng: random.Random) -> str:
+    """A grade-school word problem of two or three steps, in the style of GSM8K."""
+    name, other, item = rng.choice(NAMES), rng.choice(NAMES), rng.choice(ITEMS)
+    a, b, c, d = rng.randint(3, 40), rng.randint(2, 15), rng.randint(2, 9), rng.randint(10, 90)
+    price, pct = rng.choice([2, 3, 4, 5, 8, 12, 15, 20, 25]), rng.choice([10, 20, 25, 30, 40, 50, 75])
+    return rng.choice([
+        f"{name} buys {a} {item} for ${price} each and {b} more for ${price + c} each. How much does {name} spend?",
+        f"{name} has ${d * 10}. {name} spends {pct}% of it on {item} and gives ${b} to {other}. How much money "
+        f"does {name} have left?",
+        f"A bakery makes {a * 12} muffins a day. It sells {pct}% of them in the morning and {b} in the afternoon. "
+        f"How many muffins are left at the end of the day?",
+        f"{name} runs {c} miles every weekday and {c + b} miles on Saturday. How many miles does {name} run "
+        f"in {rng.randint(2, 6)} weeks?",
+        f"{name} is {a} years old. {other} is {c} times as old as {name} was {min(b, a - 1)} years ago. How old "
+        f"is {other}?",
+        f"A farmer has {a} cows and {d} chickens. Each cow eats {c} kg of hay a day. How much hay do the cows eat "
+        f"in {b} days?",
+        f"{name} earns ${price + 10} an hour and works {c + 3} hours a day, {rng.randint(3, 6)} days a week. "
+        f"How much does {name} earn in a week?",
+        f"The tickets for a concert cost ${d}. {name} buys {c} tickets and gets a {pct}% discount. "
+        f"How much does {name} pay?",
+        f"{name} collects {a} {item}. {other} has {b} fewer than twice as many. How many {item} do they have "
+        f"together?",
+        f"A pool holds {d * 100} litres. A pump fills it at {a * 5} litres per minute while a leak drains "
+        f"{b} litres per minute. How long does it take to fill the pool?",
+        f"{name} wants to buy a bike that costs ${d * 5}. {name} has saved ${d} and saves ${price} a week. "
+        f"How many weeks until {name} can buy the bike?",
+        f"A class has {a + 10} students. {pct}% of them walk to school and the rest take the bus. The bus has "
+        f"room for {c + 20} students per trip. How many trips does the bus make?",
+    ])
+
+
+def spec_bench_like_makers() -> dict:
+    """Prompt makers (rng -> user message) for Spec-Bench's task shapes, from local text only."""
+    german, documents, terms = german_sentences(), long_passages(), wordnet_terms()
+
+    def translation(rng: random.Random) -> str:
+        line = rng.choice(german)
+        if rng.random() < 0.5:  # WMT's tokenised style: a space before punctuation
+            line = re.sub(r"\s*([,.;:!?])", r" \1", line)
+        return f"Translate German to English: {line}"
+
+    def qa(rng: random.Random) -> str:
+        kind = rng.choice(list(QA))
+        question = rng.choice(QA[kind]).format(x=rng.choice(terms[kind]))
+        return question if rng.random() < 0.5 else question[0] + question[1:].lower()
+
+    def rag(rng: random.Random) -> str:
+        # Retrieved passages, back to back, then the question about a term of the first one.
+        context = " ".join(rng.choice(documents) for _ in range(rng.randint(1, 2)))[:3200]
+        words = [w.strip(".,;:()\"'") for w in context[:1500].split()]
+        term = rng.choice([w for w in words if len(w) >= 7 and w.isalpha()] or ["it"])
+        return f"{context}\n{rng.choice(RAG_QUESTIONS).format(x=term)}"
+
+    makers = {"qa": qa, "math_reasoning": word_problem}
+    if german:
+        makers["translation_de"] = translation
+    if documents:
+        makers["summarization"] = lambda rng: f"Summarize: {rng.choice(documents)}"
+        makers["rag"] = rag
+    if not terms["thing"]:
+        del makers["qa"]
+    return makers
+
+
+def build_prompts(num: int, seed: int = 0, mix: str = "default") -> list[tuple[str, str]]:
+    """`num` (category, user message) pairs; prompt i depends only on (seed, i, mix), so a longer
+    list starts with a shorter one. mix "default": the original six families; "spec_bench": the
+    families shaped like Spec-Bench's tasks (spec_bench_like_makers), about two thirds, beside the
+    original ones."""
     passages = doc_passages()
     lines = sentences(passages)
     makers = {
@@ -167,6 +314,12 @@ def build_prompts(num: int, seed: int = 0) -> list[tuple[str, str]]:
         "code": lambda rng: rng.choice(CODE),
     }
     weights = {"writing": 3, "question": 3, "math": 2, "translation": 2, "passage": 3, "code": 1}
+    if mix == "spec_bench":
+        makers.update(spec_bench_like_makers())
+        weights = {"writing": 2, "question": 2, "math": 1, "translation": 1, "passage": 1, "code": 1,
+                   "translation_de": 3, "summarization": 3, "qa": 3, "math_reasoning": 3, "rag": 3}
+    elif mix != "default":
+        raise ValueError(f"unknown prompt mix {mix!r} (default, spec_bench)")
     if not passages:
         del makers["translation"], makers["passage"]
     names = list(makers)

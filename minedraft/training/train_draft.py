@@ -12,7 +12,8 @@ import torch
 from minedraft.models.loader import eos_token_ids, load_model, load_tokenizer, resolve_model
 from minedraft.training.data import forced_data, generate_data
 from minedraft.training.distill import TrainConfig, frequent_tokens, split, train
-from minedraft.training.eagle3 import Eagle3TrainConfig, Trainer, feature_shards, plot_curve
+from minedraft.training.eagle3 import (Eagle3TrainConfig, Trainer, feature_shards, head_aux_layers, head_vocabulary,
+                                       plot_curve)
 
 
 def run(args: argparse.Namespace) -> Path:
@@ -28,7 +29,7 @@ def run(args: argparse.Namespace) -> Path:
     with LLM(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
              num_threads=args.num_threads) as llm:
         shards = generate_data(llm, work / "data", args.num_prompts, args.shard_size, args.max_tokens,
-                               args.top_k, args.seed)
+                               args.top_k, args.seed, args.prompt_mix)
         shards += forced_data(llm, work / "data", args.num_texts, args.shard_size, args.top_k, seed=args.seed)
     config = TrainConfig(init_layers=tuple(int(i) for i in args.init_layers.split(",")), init_from=args.init_from,
                          vocab_size=args.vocab_size, epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
@@ -78,17 +79,21 @@ def run_eagle3(args: argparse.Namespace) -> Path:
 
         with LLM(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                  num_threads=args.num_threads) as llm:
-            generate_data(llm, work / "data", args.num_prompts, args.shard_size, args.max_tokens, args.top_k, args.seed)
+            generate_data(llm, work / "data", args.num_prompts, args.shard_size, args.max_tokens, args.top_k, args.seed,
+                          args.prompt_mix)
     shards = sorted((work / "data").glob("shard-*.pt"))
     if not shards:
         raise ValueError(f"no reply shards in {work / 'data'}: give --num-prompts")
     target = load_model(target_path, torch.float32, torch.device("cpu"))
-    n = target.args.num_layers
-    aux_layers = (2, n // 2, n - 3)
+    init_from = Path(args.init_from) if args.init_from else None
+    # A warm start keeps the head's auxiliary layers and draft vocabulary (its shape depends on them).
+    aux_layers = head_aux_layers(init_from, target.args.num_layers)
     paths = feature_shards(target, shards, work / "features", aux_layers, args.max_model_len)
     samples = [s for path in paths for s in torch.load(path)]
     train_set, held_out = split(samples)
     vocab_file = work / "draft_vocab.pt"  # fixed at the first run: the head's shape depends on it
+    if not vocab_file.exists() and init_from is not None:
+        torch.save(head_vocabulary(init_from), vocab_file)
     if not vocab_file.exists():
         eos = eos_token_ids(target_path, load_tokenizer(target_path))
         ids, coverage = frequent_tokens(train_set, target.args.vocab_size, args.vocab_size, eos)
@@ -97,7 +102,7 @@ def run_eagle3(args: argparse.Namespace) -> Path:
     config = Eagle3TrainConfig(ttt_steps=args.ttt_steps, epochs=args.epochs,
                                batch_tokens=args.batch_tokens, lr=args.lr, autocast_bf16=args.autocast_bf16,
                                seed=args.seed)
-    trainer = Trainer(target, work, config, aux_layers, torch.load(vocab_file))
+    trainer = Trainer(target, work, config, aux_layers, torch.load(vocab_file), init_from)
     export = Path(args.export) if args.export else work / "model"
     logging.info("training on %d replies (%d held out)", len(train_set), len(held_out))
     trainer.train(train_set, held_out, export, args.max_minutes)

@@ -72,3 +72,31 @@ def test_training_lowers_the_loss_and_the_export_loads_in_the_public_layout(tiny
     # Resuming continues from the checkpoint.
     resumed = Trainer(target, tmp_path, config, (0, 1, 1), ids)
     assert resumed.step == trainer.step and resumed.epoch == config.epochs
+
+
+def test_a_warm_start_takes_an_exported_heads_weights_vocabulary_and_layers(tiny_llama, tmp_path):
+    from minedraft.training.eagle3 import head_aux_layers, head_vocabulary
+
+    target = load_model(tiny_llama, torch.float32, CPU)
+    samples = samples_for(target, n=4)
+    ids = torch.arange(0, target.args.vocab_size, 3)
+    config = Eagle3TrainConfig(ttt_steps=2, epochs=2, batch_tokens=64, warmup_steps=1, eval_every=1000)
+    for d in "abcd":
+        (tmp_path / d).mkdir()
+    first = Trainer(target, tmp_path / "a", config, (0, 1, 1), ids)
+    first.train(samples, samples, tmp_path / "best")
+    exported = save_eagle3(first.head, tmp_path / "head", (0, 1, 1))  # trained: not what new_head makes
+    assert torch.equal(head_vocabulary(exported), ids)
+    assert head_aux_layers(exported, target.args.num_layers) == (0, 1, 1)
+    warm = Trainer(target, tmp_path / "b", config, (0, 1, 1), head_vocabulary(exported), init_from=exported)
+    for name, value in first.head.state_dict().items():  # the export's float16 values, in float32
+        expected = value.half().float() if value.is_floating_point() else value
+        assert torch.equal(warm.head.state_dict()[name], expected), name
+    assert not torch.equal(warm.head.fc.weight, new_head(target, ids, (0, 1, 1), config.seed).fc.weight)
+    other = Trainer(target, tmp_path / "c", config, (0, 1, 1), torch.arange(0, target.args.vocab_size, 2))
+    try:
+        Trainer(target, tmp_path / "d", config, (0, 1, 1), other.head.draft_to_target, init_from=exported)
+    except ValueError as e:
+        assert "vocabulary" in str(e)
+    else:
+        raise AssertionError("a head with another vocabulary must not warm-start")

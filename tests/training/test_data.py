@@ -1,0 +1,14 @@
+import torch
+
+from minedraft.llm import LLM
+from minedraft.training import data
+
+
+def test_a_prompt_without_room_for_its_reply_is_left_out_of_its_shard(tiny_chat, tmp_path, monkeypatch):
+    prompts = [("short", "Hello there."), ("long", "word " * 400), ("short", "Say something.")]
+    monkeypatch.setattr(data, "build_prompts", lambda num, seed, mix: prompts[:num])
+    with LLM(str(tiny_chat), max_model_len=128, max_num_seqs=4) as llm:
+        paths = data.generate_data(llm, tmp_path, 3, 3, max_tokens=8, top_k=2)
+    samples = torch.load(paths[0])
+    assert [s["category"] for s in samples] == ["short", "short"]
+    assert all(0 < len(s["reply"]) <= 8 and len(s["prompt"]) + 8 <= 128 for s in samples)
