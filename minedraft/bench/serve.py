@@ -94,7 +94,7 @@ def serve_figures(records: list[Record], duration: float, slo_ms: dict[str, floa
         "total_tokens_per_s": (out_tokens + sum(r.prompt_tokens for r in done)) / duration,
         # the headline latencies, flat and in ms as vLLM reports them; the full set is below in seconds
         "ttft_p50_ms": _ms(ttft, "p50"), "ttft_p99_ms": _ms(ttft, "p99"),
-        "itl_p50_ms": _ms(itl, "p50"), "itl_p99_ms": _ms(itl, "p99"),
+        "itl_p50_ms": _ms(itl, "p50"), "itl_p99_ms": _ms(itl, "p99"), "itl_max_ms": _ms(itl, "max"),
         "ttft_s": ttft, "tpot_s": percentiles([m["tpot"] for m in metrics if m["tpot"] is not None]),
         "itl_s": itl, "e2e_s": percentiles([m["e2el"] for m in metrics]),
     }
@@ -178,9 +178,9 @@ def print_figures(figures: dict, records: list[Record], args: argparse.Namespace
     print(f"request throughput {figures['requests_per_s']:.2f} req/s; "
           f"output {figures['output_tokens_per_s']:.1f} tok/s; total {figures['total_tokens_per_s']:.1f} tok/s")
     ms = {k: "-" if figures[k] is None else f"{figures[k]:.1f}"
-          for k in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")}
+          for k in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "itl_max_ms")}
     print(f"TTFT p50 {ms['ttft_p50_ms']} ms, p99 {ms['ttft_p99_ms']} ms; "
-          f"ITL p50 {ms['itl_p50_ms']} ms, p99 {ms['itl_p99_ms']} ms")
+          f"ITL p50 {ms['itl_p50_ms']} ms, p99 {ms['itl_p99_ms']} ms, max {ms['itl_max_ms']} ms")
     if "goodput_slo_ms" in figures:
         bounds = ", ".join(f"{k} <= {v:g} ms" for k, v in figures["goodput_slo_ms"].items())
         share = "-" if figures["goodput_share"] is None else f"{figures['goodput_share']:.1%}"

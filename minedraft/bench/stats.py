@@ -6,11 +6,11 @@ from minedraft.engine.sequence import time_per_output_token
 
 
 def percentiles(values: list[float]) -> dict:
-    """Mean and inclusive p50 / p90 / p99 of per-request figures (None when there are none)."""
+    """Mean, inclusive p50 / p90 / p99 and max of per-request figures (None when there are none)."""
     if not values:
-        return {"mean": None, "p50": None, "p90": None, "p99": None}
+        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
     q = statistics.quantiles(values, n=100, method="inclusive") if len(values) > 1 else values * 99
-    return {"mean": statistics.mean(values), "p50": q[49], "p90": q[89], "p99": q[98]}
+    return {"mean": statistics.mean(values), "p50": q[49], "p90": q[89], "p99": q[98], "max": max(values)}
 
 
 def request_figures(e2e: list[float], ttft: list[float], tokens: list[int], makespan: float) -> dict:

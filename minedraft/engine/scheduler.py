@@ -47,7 +47,7 @@ class PrefillPacer:
 
     def observe(self, seconds: float, streams: bool, prompt_tokens: int) -> None:
         """A finished step's time, whether it ran streams, and the prompt tokens it carried."""
-        if not streams:
+        if not streams or self.stall_ratio is None:  # off: nothing to learn
             return
         if not prompt_tokens:
             self.step_s = _average(self.step_s, seconds, self.WEIGHT)

@@ -53,6 +53,12 @@ class SlotProposer(Proposer):
     runner: ModelRunner
     slots: dict[int, int]
 
+    def slot(self, seq: Sequence) -> int:
+        """The sequence's slot, allocated on first sight."""
+        if seq.seq_id not in self.slots:
+            self.slots[seq.seq_id] = self.runner.cache.allocate()
+        return self.slots[seq.seq_id]
+
     def forget(self, seq_id: int) -> None:
         """Drop the proposer's other per-sequence state."""
 

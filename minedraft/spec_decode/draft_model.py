@@ -49,12 +49,10 @@ class DraftModelProposer(SlotProposer):
         active = [i for i, n in enumerate(num_tokens) if n > 0]
         for i in active:
             seq = seqs[i]
-            if seq.seq_id not in self.slots:
-                self.slots[seq.seq_id] = cache.allocate()
             # Drop KV entries of drafts the target rejected since the last round. The last token is
             # always fed again (its logits start the drafts), even where the target chose a draft
             # TETRIS had not sent for verification.
-            slot = self.slots[seq.seq_id]
+            slot = self.slot(seq)
             kept = min(_kept_tokens(seq, self.views.get(seq.seq_id)), len(seq) - 1)
             cache.truncate(slot, min(cache.lengths[slot], kept))
         pending = {i: seqs[i].tokens_from(cache.lengths[self.slots[seqs[i].seq_id]]) for i in active}
@@ -83,9 +81,7 @@ class DraftModelProposer(SlotProposer):
     def prefill(self, seqs: list[Sequence], ends: list[int]) -> None:
         cache, rows = self.runner.cache, []
         for seq, end in zip(seqs, ends):
-            if seq.seq_id not in self.slots:
-                self.slots[seq.seq_id] = cache.allocate()
-            slot = self.slots[seq.seq_id]
+            slot = self.slot(seq)
             if end > cache.lengths[slot]:
                 rows.append(Row(slot, seq.tokens_from(cache.lengths[slot])[: end - cache.lengths[slot]]))
             self.views[seq.seq_id] = (end, [])

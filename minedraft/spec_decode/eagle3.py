@@ -33,7 +33,7 @@ class Eagle3Proposer(SlotProposer):
 
     def accept_states(self, seq: Sequence, start: int, states: torch.Tensor) -> None:
         if seq.seq_id not in self.slots:
-            self.slots[seq.seq_id] = self.runner.cache.allocate()
+            self.slot(seq)
             self.states[seq.seq_id] = states[:0]
         held = self.states[seq.seq_id]
         expected = self.runner.cache.lengths[self.slots[seq.seq_id]] + len(held)

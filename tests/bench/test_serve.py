@@ -23,6 +23,7 @@ def test_serve_figures_on_a_known_timeline():
     assert f["e2e_s"]["p50"] == pytest.approx((1.5 + 0.4) / 2)
     assert f["ttft_p50_ms"] == pytest.approx(350) and f["ttft_p99_ms"] == pytest.approx(200 + 300 * 0.99)
     assert f["itl_p50_ms"] == pytest.approx(200) and f["itl_p99_ms"] == pytest.approx(200 + 600 * 0.98)
+    assert f["itl_max_ms"] == pytest.approx(800)
     assert "goodput_requests_per_s" not in f  # no SLO given
 
 
