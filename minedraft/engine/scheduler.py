@@ -22,8 +22,8 @@ class PrefillPacer:
     at most `stall_ratio` times a step without them: the stall a prompt causes in every stream's
     inter-token gap stays bounded whatever the prompt lengths. It learns, as moving averages, the
     time of a step without prompt tokens and the time each prompt token adds (on a CPU a one-token
-    decode step is memory-bound and compiled, a chunk compute-bound and eager: without pacing a
-    64-token chunk stretched a 24 ms step fivefold, docs/BENCHMARKS.md, issue 19). It paces only a
+    decode step is memory-bound and compiled, a chunk compute-bound and eager: a 65-token pass took
+    6.1x a one-token step, docs/BENCHMARKS.md, issue 19). It paces only a
     lone prompt: with several being prefilled or waiting, prefill is the bottleneck, and pacing it
     cost a quarter of the throughput under overload; with no stream running, nobody waits. Then
     prompts take the whole `max_tokens`."""

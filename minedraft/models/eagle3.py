@@ -31,6 +31,11 @@ from minedraft.models.loader import read_config, read_safetensors
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 
+def default_aux_layers(target_layers: int) -> tuple[int, ...]:
+    """The layers a head reads when its config names none (the EAGLE-3 reference's choice)."""
+    return (2, target_layers // 2, target_layers - 3)
+
+
 @dataclass(frozen=True)
 class Eagle3Args:
     layer: ModelArgs  # the one decoder layer's shape; vocab_size is the target's
@@ -56,7 +61,7 @@ class Eagle3Args:
 
     def aux_layers(self, target_layers: int) -> tuple[int, ...]:
         """Target layers whose inputs the head reads."""
-        ids = self.aux_layer_ids or (2, target_layers // 2, target_layers - 3)
+        ids = self.aux_layer_ids or default_aux_layers(target_layers)
         if len(ids) != 3 or not all(0 <= i < target_layers for i in ids):
             raise ValueError(f"EAGLE-3 auxiliary layers {list(ids)} do not fit a target of {target_layers} layers")
         return tuple(ids)
@@ -140,6 +145,14 @@ def _hf_to_ours(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def read_eagle3_state(folder: Path, tensors: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """A public-layout head's tensors under our names (`draft_to_target` absolute target ids)."""
+    try:
+        return _hf_to_ours(read_safetensors(folder) if tensors is None else tensors)
+    except KeyError as e:
+        raise ValueError(f"EAGLE-3 checkpoint {str(folder)!r} is missing tensor {e.args[0]!r}") from None
+
+
 def load_eagle3(folder: Path, dtype: torch.dtype, device: torch.device, embedding: torch.Tensor,
                 compiled: bool = False) -> Eagle3Head:
     """An EAGLE-3 head from a public-layout folder; `embedding` is the target's input embedding,
@@ -149,10 +162,7 @@ def load_eagle3(folder: Path, dtype: torch.dtype, device: torch.device, embeddin
     args = Eagle3Args.from_hf(read_config(folder))
     with torch.device("meta"):
         head = Eagle3Head(args)
-    try:
-        state = _hf_to_ours(tensors)
-    except KeyError as e:
-        raise ValueError(f"EAGLE-3 checkpoint {str(folder)!r} is missing tensor {e.args[0]!r}") from None
+    state = read_eagle3_state(folder, tensors)
     state = {k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype).contiguous()
              for k, v in state.items()}
     try:

@@ -23,10 +23,10 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from minedraft.engine.model_runner import ModelRunner, Row
-from minedraft.models.eagle3 import Eagle3Args, Eagle3Head, _hf_to_ours, save_eagle3
+from minedraft.models.eagle3 import Eagle3Args, Eagle3Head, default_aux_layers, read_eagle3_state, save_eagle3
 from minedraft.models.hf_format import ModelArgs
 from minedraft.models.llama import Decoder, rope_tables, rotate
-from minedraft.models.loader import read_config, read_safetensors
+from minedraft.models.loader import read_config
 from minedraft.training.distill import batches
 
 log = logging.getLogger("minedraft")
@@ -119,19 +119,20 @@ def new_head(target: Decoder, vocab_ids: torch.Tensor, aux_layers: tuple[int, ..
 
 def head_vocabulary(folder: Path) -> torch.Tensor:
     """The target ids of an exported head's draft vocabulary (from its d2t), in draft order."""
-    return _hf_to_ours(read_safetensors(folder))["draft_to_target"]
+    return read_eagle3_state(folder)["draft_to_target"]
 
 
 def head_aux_layers(folder: Path | None, target_layers: int) -> tuple[int, ...]:
     """The target layers an exported head reads (the default for the target's depth without one)."""
-    config = Eagle3Args.from_hf(read_config(folder)) if folder is not None else Eagle3Args(None, 0, None, False)
-    return config.aux_layers(target_layers)
+    if folder is None:
+        return default_aux_layers(target_layers)
+    return Eagle3Args.from_hf(read_config(folder)).aux_layers(target_layers)
 
 
 def warm_start(head: Eagle3Head, folder: Path) -> None:
     """Load an exported head's weights (public layout) into a new head of the same shape and
     draft vocabulary, in the new head's dtype."""
-    state = _hf_to_ours(read_safetensors(folder))
+    state = read_eagle3_state(folder)
     if not torch.equal(state["draft_to_target"], head.draft_to_target):
         raise ValueError(f"{folder} has another draft vocabulary than the one being trained")
     own = head.state_dict()
