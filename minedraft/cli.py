@@ -1,4 +1,4 @@
-"""`minedraft generate | serve | bench ... | derive-draft | train-draft`: the command line."""
+"""`minedraft generate | serve | bench ... | derive-draft | train-draft | vllm-args`: the command line."""
 
 import argparse
 import json
@@ -234,6 +234,31 @@ def add_derive_draft(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_derive_draft)
 
 
+def cmd_vllm_args(args: argparse.Namespace) -> None:
+    import shlex
+
+    from minedraft.vllm import serve_command, serve_flags
+
+    kwargs = dict(num_speculative_tokens=args.num_speculative_tokens, draft_device=args.draft_device,
+                  draft_cpus=args.draft_cpus, parallel=not args.sequential, trace=args.trace)
+    if args.draft_model is not None:
+        kwargs["draft_model"] = args.draft_model
+    print(serve_command(args.model, **kwargs) if args.model else shlex.join(serve_flags(**kwargs)))
+
+
+def add_vllm_args(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("vllm-args", help="the `vllm serve` flags that run PSD through MineDraft's vLLM plugin")
+    p.add_argument("--model", default=None, help="target: print a whole `vllm serve MODEL ...` command")
+    p.add_argument("--draft-model", default=None, help="draft checkpoint folder (default: the bundled draft model)")
+    p.add_argument("--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--draft-device", default="cpu", help="the drafter's torch device, e.g. cpu or cuda:1")
+    p.add_argument("--draft-cpus", type=lambda v: [int(c) for c in v.split(",")], default=None,
+                   help="cores the drafter process is pinned to, e.g. 1 or 6,7")
+    p.add_argument("--sequential", action="store_true", help="draft then verify every request (no overlap)")
+    p.add_argument("--trace", default=None, help="write every step to this JSON-lines file")
+    p.set_defaults(func=cmd_vllm_args)
+
+
 def add_train_draft(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train-draft",
                        help="train a drafter for a target: a small draft model or an EAGLE-3 head (resumable)")
@@ -279,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
         add(bench)
     add_derive_draft(sub)
     add_train_draft(sub)
+    add_vllm_args(sub)
     return parser
 
 
