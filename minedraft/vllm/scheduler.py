@@ -132,6 +132,7 @@ class PSDScheduler(Scheduler):
         if not self.parallel:
             self.verified = 0
             if ready:
+                self.totals["steps"] += 1
                 self._submit(ready)
                 self._inject(self.drafter.collect())
             return

@@ -116,7 +116,7 @@ def test_psd_verifies_one_sub_batch_while_the_other_is_drafted(runs):
     assert len(overlapped) > 0.7 * len(steps)
     # the drafter worked while the target verified: its spans overlap the model's
     totals = next(r for r in trace if r["kind"] == "stop")["totals"]
-    assert totals["overlap_s"] > 0.5 * totals["draft_s"]
+    assert totals["overlap_s"] > 0.3 * totals["draft_s"]
     assert all(not r["in_flight"] for r in runs["sequential"]["trace"] if r["kind"] == "schedule")
 
 
@@ -160,7 +160,9 @@ def step_until(engine, done, condition):
 
 
 def last_schedule(trace_path):
-    return next(r for r in reversed(read_trace(trace_path)) if r["kind"] == "schedule")
+    """The last step's schedule row (an empty one before the first step)."""
+    return next((r for r in reversed(read_trace(trace_path)) if r["kind"] == "schedule"),
+                {"scheduled": [], "spec": {}, "in_flight": []})
 
 
 def external(internal_id):
