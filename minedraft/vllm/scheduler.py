@@ -24,6 +24,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.request import Request, RequestStatus
 
+from minedraft.config import DTYPES
 from minedraft.engine.batch_manager import BatchManager
 from minedraft.engine.detokenizer import DecodeState
 from minedraft.engine.sequence import Sequence
@@ -61,6 +62,8 @@ class PSDScheduler(Scheduler):
                        "draft_tokens": 0, "accepted_tokens": 0}
         self.trace = None if settings["trace"] is None else open(settings["trace"], "a", buffering=1)
         dtype = str(config.model_config.dtype).removeprefix("torch.")
+        if dtype not in DTYPES:
+            raise ValueError(f"MineDraft's drafter runs in one of {sorted(DTYPES)}, not the target's {dtype}")
         args = WorkerArgs(model_path=settings["draft_model"], target_path=str(Path(config.model_config.model)),
                           dtype=dtype, device=settings["draft_device"], num_slots=self.max_num_running_reqs,
                           max_len=self.max_model_len, cpus=settings["draft_cpus"],
@@ -90,7 +93,7 @@ class PSDScheduler(Scheduler):
     def update_from_output(self, scheduler_output, model_runner_output):
         end = time.time()
         accepted = {}
-        for req_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
+        for req_id in scheduler_output.scheduled_spec_decode_tokens:
             index = model_runner_output.req_id_to_index.get(req_id)
             if index is not None and model_runner_output.sampled_token_ids:
                 accepted[req_id] = max(len(model_runner_output.sampled_token_ids[index]) - 1, 0)
@@ -112,12 +115,16 @@ class PSDScheduler(Scheduler):
         """The worker's NullProposer drafted nothing: the drafts come from `schedule()`."""
 
     def shutdown(self) -> None:
+        logger.info("MineDraft PSD totals: %s", self.totals)
+        stats = None
         if self.drafter is not None:
             try:
-                self._record("stop", totals=self.totals, drafter=self._drafter_stats())
-            finally:
-                self.drafter.close()
-                self.drafter = None
+                stats = self._drafter_stats()
+            except DrafterError as e:
+                logger.warning("MineDraft's drafter failed while stopping: %s", e)
+            self.drafter.close(graceful=stats is not None)
+            self.drafter = None
+        self._record("stop", totals=self.totals, drafter=stats)
         if self.trace is not None:
             self.trace.close()
             self.trace = None
@@ -247,7 +254,7 @@ class PSDScheduler(Scheduler):
         self.mirrors.clear()
         self.by_seq.clear()
 
-    def _drafter_stats(self) -> dict | None:
+    def _drafter_stats(self) -> dict:
         if self.drafter.in_flight is not None:
             self.drafter.collect()
         self.drafter.flush()

@@ -152,6 +152,13 @@ def test_acceptance_equals_minedrafts_for_the_same_drafter(runs, baseline):
     assert abs(rate - our_rate) <= 0.2 * our_rate, (rate, our_rate)
 
 
+def add_requests(llm, baseline):
+    """The short chats as requests "0", "1", ... of the engine the test steps itself."""
+    for i, prompt in enumerate(baseline["prompts"]):
+        llm.llm_engine.add_request(str(i), {"prompt_token_ids": prompt}, greedy(SHORT))
+    return llm.llm_engine, {}
+
+
 def step_until(engine, done, condition):
     while engine.has_unfinished_requests() and not condition():
         for out in engine.step():
@@ -173,9 +180,7 @@ def external(internal_id):
 def test_abort_in_either_sub_batch(baseline, tmp_path):
     trace = tmp_path / "trace.jsonl"
     with make_llm(**engine_args(draft_cpus=DRAFT_CPUS, trace=trace)) as llm:
-        engine, done = llm.llm_engine, {}
-        for i, prompt in enumerate(baseline["prompts"]):
-            engine.add_request(str(i), {"prompt_token_ids": prompt}, greedy(SHORT))
+        engine, done = add_requests(llm, baseline)
         step_until(engine, done, lambda: bool(last_schedule(trace)["in_flight"] and last_schedule(trace)["spec"]))
         row = last_schedule(trace)  # one request being drafted, one being verified
         aborted = [external(row["in_flight"][0]), external(sorted(row["spec"])[0])]
@@ -211,9 +216,7 @@ def test_preemption_frees_the_drafters_state(baseline, tmp_path):
 def test_a_killed_drafter_means_no_drafts_not_a_failure(baseline, tmp_path):
     trace = tmp_path / "trace.jsonl"
     with make_llm(**engine_args(draft_cpus=DRAFT_CPUS, trace=trace)) as llm:
-        engine, done = llm.llm_engine, {}
-        for i, prompt in enumerate(baseline["prompts"]):
-            engine.add_request(str(i), {"prompt_token_ids": prompt}, greedy(SHORT))
+        engine, done = add_requests(llm, baseline)
         step_until(engine, done, lambda: sum(1 for r in read_trace(trace) if r["kind"] == "schedule" and r["spec"]) >= 5)
         pid = next(r for r in read_trace(trace) if r["kind"] == "start")["drafter_pid"]
         os.kill(pid, signal.SIGKILL)
