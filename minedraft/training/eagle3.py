@@ -93,6 +93,12 @@ def feature_shards(target: Decoder, data_shards: list[Path], out: Path, aux_laye
     return paths
 
 
+def load_features(paths: list[Path]) -> list[dict]:
+    """Every sample of the feature files, memory-mapped: the states stay in the page cache (which
+    the kernel can reclaim) rather than in the process, so the data may outgrow the machine's RAM."""
+    return [s for path in paths for s in torch.load(path, mmap=True)]
+
+
 # -- the head and its training-time test ----------------------------------------------------------------
 
 

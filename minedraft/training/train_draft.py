@@ -13,6 +13,7 @@ from minedraft.models.loader import eos_token_ids, load_model, load_tokenizer, r
 from minedraft.training.data import forced_data, generate_data
 from minedraft.training.distill import TrainConfig, frequent_tokens, split, train
 from minedraft.training.eagle3 import (Eagle3TrainConfig, Trainer, feature_shards, head_aux_layers, head_vocabulary,
+                                       load_features,
                                        plot_curve)
 
 
@@ -89,7 +90,7 @@ def run_eagle3(args: argparse.Namespace) -> Path:
     # A warm start keeps the head's auxiliary layers and draft vocabulary (its shape depends on them).
     aux_layers = head_aux_layers(init_from, target.args.num_layers)
     paths = feature_shards(target, shards, work / "features", aux_layers, args.max_model_len)
-    samples = [s for path in paths for s in torch.load(path)]
+    samples = load_features(paths)
     train_set, held_out = split(samples)
     vocab_file = work / "draft_vocab.pt"  # fixed at the first run: the head's shape depends on it
     if not vocab_file.exists() and init_from is not None:

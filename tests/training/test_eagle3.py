@@ -5,7 +5,8 @@ from minedraft.models.eagle3 import load_eagle3, save_eagle3
 from minedraft.models.loader import load_model
 from minedraft.models.llama import rope_tables
 from minedraft.training.distill import frequent_tokens
-from minedraft.training.eagle3 import Eagle3TrainConfig, Trainer, collate, extract_features, new_head, unroll
+from minedraft.training.eagle3 import (Eagle3TrainConfig, Trainer, collate, extract_features, load_features, new_head,
+                                       unroll)
 
 CPU = torch.device("cpu")
 
@@ -100,3 +101,18 @@ def test_a_warm_start_takes_an_exported_heads_weights_vocabulary_and_layers(tiny
         assert "vocabulary" in str(e)
     else:
         raise AssertionError("a head with another vocabulary must not warm-start")
+
+
+def test_feature_files_load_memory_mapped_and_train_the_same(tiny_llama, tmp_path):
+    target = load_model(tiny_llama, torch.float32, CPU)
+    samples = samples_for(target, n=4)
+    torch.save(samples[:2], tmp_path / "a.pt")
+    torch.save(samples[2:], tmp_path / "b.pt")
+    loaded = load_features([tmp_path / "a.pt", tmp_path / "b.pt"])
+    for mine, theirs in zip(loaded, samples):
+        assert mine.keys() == theirs.keys()
+        assert all(torch.equal(mine[k], theirs[k]) for k in ("prompt", "reply", "aux", "final"))
+    config = Eagle3TrainConfig(ttt_steps=2, epochs=1, batch_tokens=64, warmup_steps=1, eval_every=1000)
+    ids = torch.arange(0, target.args.vocab_size, 2)
+    trainer = Trainer(target, tmp_path, config, (0, 1, 1), ids)
+    assert trainer.loss(collate(loaded)).isfinite()
