@@ -40,6 +40,11 @@ def write_shard(path: Path, samples: list[dict]) -> None:
     log.info("wrote %s (%d replies, %d tokens)", path, len(samples), sum(len(s["reply"]) for s in samples))
 
 
+def reply_shards(data_dir: Path, num_prompts: int, shard_size: int) -> list[Path]:
+    """The shard files `num_prompts` replies are written to, `shard_size` per file."""
+    return [data_dir / f"shard-{index:04d}.pt" for index in range(-(-num_prompts // shard_size))]
+
+
 def generate_data(llm: LLM, data_dir: Path, num_prompts: int, shard_size: int, max_tokens: int,
                   top_k: int, seed: int = 0, mix: str = "default") -> list[Path]:
     """Generate every missing shard; returns all shard paths. Half the replies are greedy, half
@@ -47,10 +52,8 @@ def generate_data(llm: LLM, data_dir: Path, num_prompts: int, shard_size: int, m
     prompt families (prompts.build_prompts)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     prompts = build_prompts(num_prompts, seed, mix)
-    paths = []
-    for index, first in enumerate(range(0, num_prompts, shard_size)):
-        path = data_dir / f"shard-{index:04d}.pt"
-        paths.append(path)
+    paths = reply_shards(data_dir, num_prompts, shard_size)
+    for path, first in zip(paths, range(0, num_prompts, shard_size)):
         if path.exists():
             continue
         # Similar lengths side by side: prefill pads each batch to its longest prompt.

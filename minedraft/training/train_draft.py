@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from minedraft.models.loader import eos_token_ids, load_model, load_tokenizer, resolve_model
-from minedraft.training.data import forced_data, generate_data
+from minedraft.training.data import forced_data, generate_data, reply_shards
 from minedraft.training.distill import TrainConfig, frequent_tokens, split, train
 from minedraft.training.eagle3 import (Eagle3TrainConfig, Trainer, feature_shards, head_aux_layers, head_vocabulary,
                                        load_features,
@@ -75,7 +75,9 @@ def run_eagle3(args: argparse.Namespace) -> Path:
     target_path = resolve_model(args.model)
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
-    if args.num_prompts:
+    # The engine only when replies are missing: its KV cache and graphs would stay in the process
+    # (freed memory is not given back) beside the training's.
+    if any(not p.exists() for p in reply_shards(work / "data", args.num_prompts, args.shard_size)):
         from minedraft.llm import LLM
 
         with LLM(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
