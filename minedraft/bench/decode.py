@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from minedraft import LLM, SamplingParams
+from minedraft.kernels import small_gemm
 from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.models.llama import Linear
 
@@ -31,11 +32,13 @@ def streaming_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> float
 def layout_check(model: torch.nn.Module, repeats: int = 5) -> dict[str, float]:
     """Best seconds to push rows through every linear weight of the model, per layout: one row in
     our [in, out] layout (`x @ W`) and in F.linear's [out, in] one (why models/llama.py has its own
-    Linear), and eight rows in [in, out] and through oneDNN's packed weight (why float32 keeps
-    both). Only the layouts the loaded model has: a bfloat16 model packed on CPU has neither dense one."""
+    Linear), and eight rows in [in, out], through oneDNN's packed weight and through the small-row
+    kernel's panels (why float32 keeps them all). Only the layouts the loaded model has: a bfloat16
+    model packed on CPU has neither dense one nor panels."""
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     dense = [m.weight for m in linears if m.weight is not None]
     packed = [m for m in linears if m.packed is not None]
+    small = [m for m in linears if m.small is not None]
 
     def best(rows: int, product) -> float:
         xs = {m.in_features: torch.randn(rows, m.in_features, dtype=model.norm.weight.dtype) for m in linears}
@@ -49,7 +52,11 @@ def layout_check(model: torch.nn.Module, repeats: int = 5) -> dict[str, float]:
             1, lambda xs: [F.linear(xs[w.shape[0]], t) for w, t in zip(dense, transposed)])
         out["x @ W[in, out], 8 rows"] = best(8, lambda xs: [xs[w.shape[0]] @ w for w in dense])
     if packed:
-        out["oneDNN packed, 8 rows"] = best(8, lambda xs: [m(xs[m.in_features]) for m in packed])
+        out["oneDNN packed, 8 rows"] = best(8, lambda xs: [torch.ops.mkldnn._linear_pointwise(
+            xs[m.in_features], m.packed, m.bias, "none", [], "") for m in packed])
+    if small:
+        out["small-row kernel, 8 rows"] = best(8, lambda xs: [small_gemm.linear(xs[m.in_features], m.small, m.bias)
+                                                             for m in small])
     return out
 
 
@@ -61,11 +68,12 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 
 def held_bytes(model: torch.nn.Module) -> int:
-    """Bytes of weights the model keeps in memory: every parameter, plus the packed copy of each
-    linear weight that has one (float32 on CPU keeps both copies)."""
-    packed = sum(m.packed.numel() * m.packed.element_size()
-                 for m in model.modules() if isinstance(m, Linear) and m.packed is not None)
-    return packed + sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes of weights the model keeps in memory: every parameter, plus the packed copies of each
+    linear weight that has them (float32 on CPU keeps the dense one, oneDNN's and the kernel's)."""
+    copies = [t for m in model.modules() if isinstance(m, Linear)
+              for t in (m.packed, None if m.small is None else m.small.panels) if t is not None]
+    return sum(t.numel() * t.element_size() for t in copies) + sum(p.numel() * p.element_size()
+                                                                   for p in model.parameters())
 
 
 def timed(fn) -> float:

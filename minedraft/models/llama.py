@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minedraft.kernels import small_gemm
 from minedraft.models.attention import attend
 from minedraft.models.hf_format import ModelArgs
 
@@ -97,8 +98,10 @@ def pack_linears(model: nn.Module, keep_dense: bool) -> None:
 class Linear(nn.Module):
     """x @ weight + bias, with the weight stored [in, out]: on CPU one row streams this layout
     faster than F.linear's [out, in] (`minedraft bench decode` measures both; docs/BENCHMARKS.md).
-    `pack()` also hands the weight to oneDNN in its blocked layout, which multiplies a few rows
-    faster (float32) or is the only fast path at all (bfloat16, where the [in, out] copy is dropped)."""
+    `pack()` also hands the weight to oneDNN in its blocked layout, which multiplies many rows
+    faster (float32) or is the only fast path at all (bfloat16, where the [in, out] copy is dropped),
+    and, in float32, packs it for `kernels.small_gemm`, which multiplies up to 64 rows faster
+    than either (one pass over the weight for all rows; docs/BENCHMARKS.md)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
@@ -106,22 +109,31 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed: torch.Tensor | None = None
+        self.small: small_gemm.Packed | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # A compiled graph multiplies the dense copy with its own kernels (oneDNN's packed tensors
         # would keep it out of Inductor's on-disk cache).
-        if self.packed is not None and not torch.compiler.is_compiling() and (
-                self.weight is None or x.numel() > x.shape[-1]):
-            y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), self.packed, self.bias, "none", [], "")
-            return y.view(*x.shape[:-1], y.shape[-1])
+        if not torch.compiler.is_compiling():
+            rows = x.numel() // x.shape[-1]
+            if self.small is not None and rows <= small_gemm.MAX_ROWS:
+                y = small_gemm.linear(x.reshape(rows, x.shape[-1]), self.small, self.bias)
+                return y.view(*x.shape[:-1], y.shape[-1])
+            if self.packed is not None and (self.weight is None or rows > 1):
+                y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, x.shape[-1]), self.packed, self.bias,
+                                                       "none", [], "")
+                return y.view(*x.shape[:-1], y.shape[-1])
         y = x @ self.weight
         return y if self.bias is None else y + self.bias
 
     def pack(self, keep_dense: bool) -> None:
         """Reorder the weight once into oneDNN's blocked layout (unpacked, every product re-blocks
-        it). Products of more than one row use it; `keep_dense` keeps the [in, out] copy for one row."""
+        it) and, where the small-row kernel applies (float32, built), into its panels. `keep_dense`
+        keeps the [in, out] copy, which one row multiplies without the kernel."""
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach().t().contiguous(), None)
-        if not keep_dense:
+        if keep_dense:
+            self.small = small_gemm.pack(self.weight)
+        else:
             self.weight = None
 
     @property

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from minedraft.bench.decode import held_bytes, layout_check, run, weight_bytes
+from minedraft.kernels import small_gemm
 from minedraft.models.llama import Linear, cpu_packing_supported
 from minedraft.models.loader import load_model
 
@@ -15,7 +16,8 @@ def test_layout_check_times_the_layouts_the_model_holds(tiny_llama, dtype):
     dense = ["x @ W[in, out], 1 row", "F.linear with W[out, in], 1 row", "x @ W[in, out], 8 rows"]
     expected = {
         torch.float64: dense,
-        torch.float32: dense + ["oneDNN packed, 8 rows"] * cpu_packing_supported(torch.float32),
+        torch.float32: dense + ["oneDNN packed, 8 rows"] * cpu_packing_supported(torch.float32)
+        + ["small-row kernel, 8 rows"] * (cpu_packing_supported(torch.float32) and small_gemm.build()),
         torch.bfloat16: ["oneDNN packed, 8 rows"] if cpu_packing_supported(torch.bfloat16) else dense,
     }[dtype]
     assert list(times) == expected and all(t > 0 for t in times.values())
@@ -24,10 +26,12 @@ def test_layout_check_times_the_layouts_the_model_holds(tiny_llama, dtype):
     one_copy = sum((m.weight if m.weight is not None else m.packed).numel() for m in linears)
     biases_and_norms = sum(p.numel() for n, p in model.named_parameters() if n.endswith(("bias", "norm.weight")))
     assert weight_bytes(model) == (one_copy + biases_and_norms) * torch.finfo(dtype).bits // 8
-    # It holds both copies where it keeps the dense one beside the packed one (float32 on CPU).
+    # It holds both copies where it keeps the dense one beside the packed one (float32 on CPU), and
+    # the kernel's panels (float32, each weight's columns padded to a multiple of 32).
     both = sum(m.weight.numel() for m in linears if m.weight is not None and m.packed is not None)
+    panels = sum(m.in_features * -(-m.weight.shape[1] // 32) * 32 for m in linears if m.small is not None)
     embedding = model.embed.numel() if model.embed is not None else 0
-    expected = (one_copy + both + biases_and_norms + embedding) * torch.finfo(dtype).bits // 8
+    expected = (one_copy + both + panels + biases_and_norms + embedding) * torch.finfo(dtype).bits // 8
     assert held_bytes(model) == expected
 
 

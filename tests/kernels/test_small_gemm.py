@@ -1,0 +1,109 @@
+"""The small-row GEMM kernel: equal to F.linear, the reference path for what it does not take, the
+fallback when it cannot be built, and unchanged greedy output in the engine."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minedraft import LLM, SamplingParams
+from minedraft.kernels import small_gemm
+from minedraft.models.llama import Linear
+from minedraft.models.loader import load_model
+
+needs_kernel = pytest.mark.skipif(not small_gemm.build(), reason="small-row GEMM kernel not built on this machine")
+
+
+@pytest.fixture
+def unbuilt(monkeypatch):
+    """The kernel as if not tried yet in this process (the op itself stays loaded)."""
+    monkeypatch.setattr(small_gemm, "_state", {})
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 12, 13, 16, 40, 64])
+@pytest.mark.parametrize("k,n", [(0, 7), (1, 1), (5, 17), (64, 31), (64, 32), (64, 33), (577, 100), (576, 960),
+                                 (1536, 65)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_kernel_equals_f_linear(m, k, n, bias):
+    torch.manual_seed(m * 1000 + k + n)
+    x, w = torch.randn(m, k), torch.randn(n, k)  # w: F.linear's [out, in]
+    b = torch.randn(n) if bias else None
+    packed = small_gemm.pack(w.t())  # the models' [in, out]
+    assert packed.panels.shape == (-(-n // small_gemm.PANEL), k, small_gemm.PANEL)
+    got = small_gemm.linear(x, packed, b)
+    ref = F.linear(x.double(), w.double(), None if b is None else b.double())
+    assert got.dtype == torch.float32 and got.shape == (m, n)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5 * k ** 0.5)
+
+
+@needs_kernel
+def test_non_contiguous_rows():
+    x, w = torch.randn(6, 40).t()[:, :5].t(), torch.randn(40, 48)  # a strided [5, 40] view
+    torch.testing.assert_close(small_gemm.linear(x, small_gemm.pack(w)), x @ w, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_many_rows_take_the_reference_path():
+    w = torch.randn(64, 40)
+    x = torch.randn(small_gemm.MAX_ROWS + 1, 64)
+    assert torch.equal(small_gemm.linear(x, small_gemm.pack(w)), x @ w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_other_dtypes_take_the_other_paths(tiny_llama, dtype):
+    assert small_gemm.pack(torch.randn(64, 40, dtype=dtype)) is None
+    model = load_model(tiny_llama, dtype, torch.device("cpu"))
+    assert not any(m.small is not None for m in model.modules() if isinstance(m, Linear))
+
+
+def test_failed_build_warns_once_and_keeps_the_other_paths(monkeypatch, unbuilt):
+    def fail():
+        raise RuntimeError("Error building extension 'minedraft_small_gemm'\nmore lines")
+
+    monkeypatch.setattr(small_gemm, "_compile", fail)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    layer, other = Linear(64, 40, bias=True), Linear(64, 40, bias=False)
+    with torch.no_grad():
+        for p in (*layer.parameters(), *other.parameters()):
+            torch.nn.init.normal_(p)
+    with pytest.warns(UserWarning, match="building the small-row GEMM kernel failed.*Error building extension"):
+        layer.pack(keep_dense=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second layer: no second warning
+        other.pack(keep_dense=True)
+    assert layer.small is None and other.small is None
+    x = torch.randn(5, 64)
+    torch.testing.assert_close(layer(x), x @ layer.weight + layer.bias, rtol=1e-5, atol=1e-4)
+
+
+def test_switched_off_builds_nothing(monkeypatch, unbuilt):
+    monkeypatch.setenv("MINEDRAFT_SMALL_GEMM", "0")
+    monkeypatch.setattr(small_gemm, "_compile", lambda: pytest.fail("built although switched off"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert small_gemm.pack(torch.randn(8, 8)) is None
+
+
+@needs_kernel
+def test_greedy_output_unchanged(tiny_llama, tiny_draft, monkeypatch):
+    """float32 engine, autoregressive and verifying 5 tokens a step (1..16-row products through
+    the kernel), against the engine without it (oneDNN and MKL products)."""
+    prompts = [{"prompt_token_ids": p} for p in ([5, 17, 3, 44, 9, 2, 61], [8], [90, 12, 33] * 4)]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (19, 30, 11)]
+    kwargs = dict(dtype="float32", max_num_seqs=4, max_model_len=96)
+    spec = {"model": str(tiny_draft), "num_speculative_tokens": 4}
+
+    def outputs(**extra):
+        llm = LLM(str(tiny_llama), **kwargs, **extra)
+        linears = [m for m in llm.engine.runner.model.modules() if isinstance(m, Linear)]
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)], linears
+
+    with_kernel, linears = outputs()
+    assert all(m.small is not None for m in linears)
+    assert outputs(speculative_config=spec)[0] == with_kernel
+    monkeypatch.setattr(small_gemm, "_state", {"ok": False})
+    without, linears = outputs()
+    assert not any(m.small is not None for m in linears)
+    assert without == with_kernel
