@@ -9,6 +9,7 @@ turns it off. Where it cannot be built (no compiler, a build error) one warning 
 models keep their other paths.
 """
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -64,8 +65,14 @@ def _compile() -> None:
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
     build_dir = _build_dir()
     build_dir.mkdir(parents=True, exist_ok=True)
-    load(name="minedraft_small_gemm", sources=[str(SOURCE)], extra_cflags=["-O3", "-march=native"],
-         build_directory=str(build_dir), is_python_module=False, verbose=False)
+    # torch's own build lock is a plain file: a build killed midway (Ctrl-C on a first start) would
+    # leave it behind and every later start would wait for it forever. An flock dies with its
+    # process, so whoever holds this one knows any lock file of torch's is stale.
+    with open(build_dir / "build.flock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        (build_dir / "lock").unlink(missing_ok=True)
+        load(name="minedraft_small_gemm", sources=[str(SOURCE)], extra_cflags=["-O3", "-march=native"],
+             build_directory=str(build_dir), is_python_module=False, verbose=False)
 
 
 def build() -> bool:

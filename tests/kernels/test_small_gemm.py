@@ -1,6 +1,9 @@
 """The small-row GEMM kernel: equal to F.linear, the reference path for what it does not take, the
 fallback when it cannot be built, and unchanged greedy output in the engine."""
 
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -84,6 +87,18 @@ def test_switched_off_builds_nothing(monkeypatch, unbuilt):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert small_gemm.pack(torch.randn(8, 8)) is None
+
+
+@needs_kernel
+def test_a_build_killed_midway_does_not_hang_the_next(tmp_path, monkeypatch):
+    """torch leaves its lock file behind when a build is killed; the next build must go ahead."""
+    monkeypatch.setenv("MINEDRAFT_CACHE", str(tmp_path))
+    build_dir = small_gemm._build_dir()
+    build_dir.mkdir(parents=True)
+    (build_dir / "lock").touch()
+    code = "from minedraft.kernels import small_gemm; small_gemm._compile()"
+    subprocess.run([sys.executable, "-c", code], env=os.environ, timeout=300, check=True)
+    assert list(build_dir.glob("*.so")) and not (build_dir / "lock").exists()
 
 
 @needs_kernel
