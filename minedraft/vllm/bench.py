@@ -23,6 +23,18 @@ from minedraft.vllm import DEFAULT_DRAFT_MODEL, engine_args
 MODES = ("plain", "sequential", "psd")
 
 
+def spec_counters(llm) -> dict:
+    """vLLM's speculative-decoding counters of `llm` (vllm:spec_decode_num_*), by short name."""
+    return {m.name.removeprefix("vllm:spec_decode_"): m.value for m in llm.get_metrics()
+            if m.name.startswith("vllm:spec_decode_num_") and hasattr(m, "value")}
+
+
+def shutdown(llm) -> None:
+    """Stop `llm`'s engine core now (it runs PSDScheduler.shutdown, which stops the drafter)."""
+    llm.llm_engine.engine_core.shutdown()
+    gc.collect()
+
+
 def run_mode(mode: str, args: argparse.Namespace, prompts: list[str]) -> dict:
     import vllm
 
@@ -40,12 +52,9 @@ def run_mode(mode: str, args: argparse.Namespace, prompts: list[str]) -> dict:
         start = time.perf_counter()
         outputs = llm.chat(chats, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
-        metrics = {m.name.removeprefix("vllm:spec_decode_"): m.value for m in llm.get_metrics()
-                   if m.name.startswith("vllm:spec_decode_num_") and hasattr(m, "value")}
+        metrics = spec_counters(llm)
     finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
+        shutdown(llm)
     ids = [list(o.outputs[0].token_ids) for o in outputs]
     rows = [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
     totals = next((r["totals"] for r in rows if r["kind"] == "stop"), None)

@@ -5,7 +5,6 @@ drafter: the bundled draft model, k = 4, greedy. Skipped unless vLLM 0.32.0 impo
 """
 
 import contextlib
-import gc
 import json
 import os
 import re
@@ -17,6 +16,7 @@ import time
 import pytest
 
 from minedraft.vllm import SUPPORTED_VLLM, engine_args
+from minedraft.vllm.bench import shutdown, spec_counters
 
 vllm = pytest.importorskip("vllm")
 MODEL = os.environ.get("MINEDRAFT_VLLM_TARGET")
@@ -53,9 +53,7 @@ def make_llm(**kwargs):
     try:
         yield llm
     finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
+        shutdown(llm)
 
 
 def token_ids(outputs):
@@ -64,11 +62,6 @@ def token_ids(outputs):
 
 def read_trace(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def spec_metrics(llm):
-    return {m.name.removeprefix("vllm:spec_decode_"): m.value for m in llm.get_metrics()
-            if m.name.startswith("vllm:spec_decode_num_") and hasattr(m, "value")}
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +86,7 @@ def runs(baseline, tmp_path_factory):
         args = engine_args(draft_cpus=DRAFT_CPUS, parallel=mode == "psd", trace=trace)
         with make_llm(**args) as llm:
             outputs = llm.chat(chats(), greedy(SHORT), use_tqdm=False)
-            metrics = spec_metrics(llm)
+            metrics = spec_counters(llm)
         out[mode] = {"ids": token_ids(outputs), "metrics": metrics, "trace": read_trace(trace)}
     return out
 
