@@ -57,7 +57,7 @@ def run_mode(mode: str, args: argparse.Namespace, prompts: list[str]) -> dict:
         shutdown(llm)
     ids = [list(o.outputs[0].token_ids) for o in outputs]
     rows = [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
-    totals = next((r["totals"] for r in rows if r["kind"] == "stop"), None)
+    totals = next((r["totals"] for r in reversed(rows) if r["kind"] == "idle"), None)
     return {"mode": mode, "seconds": elapsed, "output_tokens": sum(map(len, ids)),
             "output_tokens_per_s": sum(map(len, ids)) / elapsed, "spec_decode": metrics, "plugin": totals,
             "token_ids": ids}

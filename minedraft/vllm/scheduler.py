@@ -107,6 +107,8 @@ class PSDScheduler(Scheduler):
         if self.drafter is not None:
             try:
                 self._after_step()
+                if not self.has_unfinished_requests():
+                    self._record_idle()
             except DrafterError as e:
                 self._drafter_died(e)
         return outputs
@@ -253,6 +255,14 @@ class PSDScheduler(Scheduler):
                 request.next_decode_eligible_step = 0
         self.mirrors.clear()
         self.by_seq.clear()
+
+    def _record_idle(self) -> None:
+        """With no request left, release what finished and record the totals and the drafter's
+        state now: vLLM may kill its engine core before `shutdown()` has written them."""
+        self._release_gone()
+        if self.batches is not None:
+            self.batches.in_flight = None  # _drafter_stats takes (and drops) drafts still in flight
+        self._record("idle", totals=dict(self.totals), drafter=self._drafter_stats())
 
     def _drafter_stats(self) -> dict:
         if self.drafter.in_flight is not None:
