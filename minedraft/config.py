@@ -184,8 +184,9 @@ class SpeculativeConfig:
 
 
 # Measured on the development CPU (docs/BENCHMARKS.md, issue 15): Inductor's C++ GEMM templates
-# beat oneDNN's packed products up to four rows; from five on, eager is as fast or faster.
-CPU_COMPILE_SIZES = (1, 2, 4)
+# beat oneDNN's packed products up to four rows; the 8-token graph multiplies through the small-row
+# kernel (kernels.small_gemm) and beat the same kernel run eagerly, which larger batches keep.
+CPU_COMPILE_SIZES = (1, 2, 4, 8)
 # A chunk of 64 prompt tokens costs about what two batch-8 decode steps cost here (docs/BENCHMARKS.md,
 # issue 19), which bounds how long a stream waits on a step that carries one.
 CPU_MAX_NUM_BATCHED_TOKENS = 64

@@ -9,6 +9,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from minedraft.bench.decode import streaming_bandwidth
 from minedraft.kernels import small_gemm
 
 SHAPES = {"qkv 576->960": (576, 960), "o 576->576": (576, 576), "gate_up 576->3072": (576, 3072),
@@ -19,7 +20,7 @@ ROWS = (1, 2, 4, 5, 8, 16, 24, 32, 40, 64)
 def main() -> None:
     torch.set_num_threads(1)
     assert small_gemm.build()
-    bandwidth = stream_gbs()
+    bandwidth = streaming_bandwidth(1 << 30) / 1e9
     print(f"read bandwidth {bandwidth:.1f} GB/s")
     print("| shape | rows | F.linear ms | x @ W [in, out] ms | oneDNN packed ms | kernel ms | floor ms "
           "| best other / kernel |")
@@ -51,17 +52,6 @@ def main() -> None:
             best_other = min(med["F.linear"], med["x @ W"], med["oneDNN"])
             print(f"| {name} | {m} | {med['F.linear']:.3f} | {med['x @ W']:.3f} | {med['oneDNN']:.3f} | "
                   f"{med['kernel']:.3f} | {floor:.3f} | {best_other / med['kernel']:.2f}x |", flush=True)
-
-
-def stream_gbs() -> float:
-    """Read bandwidth, one thread: summing a 1 GB tensor, the best of 5."""
-    a = torch.ones(256 << 20)
-    times = []
-    for _ in range(5):
-        t = time.perf_counter()
-        a.sum()
-        times.append(time.perf_counter() - t)
-    return a.numel() * 4 / min(times) / 1e9
 
 
 if __name__ == "__main__":

@@ -28,6 +28,9 @@ PANEL = 32  # columns per packed panel; small_gemm.cpp's kPanel
 # Products of up to this many rows use the kernel; bigger ones (prefill) oneDNN's packed weights.
 # Measured up to 64 rows, where the kernel was still 1.0-1.2x faster (docs/BENCHMARKS.md).
 MAX_ROWS = 64
+# In compiled graphs, Inductor's GEMM templates match the kernel up to 4 rows and fall far behind
+# above (8 rows: 2.1x its time, docs/BENCHMARKS.md), so graphs call it from 5 rows on.
+GRAPH_MIN_ROWS = 5
 
 _state: dict[str, bool] = {}  # "ok": the op is loaded; missing: not tried yet
 
@@ -73,6 +76,13 @@ def _compile() -> None:
         (build_dir / "lock").unlink(missing_ok=True)
         load(name="minedraft_small_gemm", sources=[str(SOURCE)], extra_cflags=["-O3", "-march=native"],
              build_directory=str(build_dir), is_python_module=False, verbose=False)
+    # The output's shape without running it: what lets Dynamo trace the op into a compiled graph,
+    # where Inductor calls it as an external kernel and fuses the element-wise work around it.
+    torch.library.register_fake("minedraft_kernels::small_gemm", _shape_of_product)
+
+
+def _shape_of_product(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(x.shape[0], n)
 
 
 def build() -> bool:

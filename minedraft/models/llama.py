@@ -112,13 +112,17 @@ class Linear(nn.Module):
         self.small: small_gemm.Packed | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # A compiled graph multiplies the dense copy with its own kernels (oneDNN's packed tensors
-        # would keep it out of Inductor's on-disk cache).
-        if not torch.compiler.is_compiling():
-            rows = x.numel() // x.shape[-1]
-            if self.small is not None and rows <= small_gemm.MAX_ROWS:
-                y = small_gemm.linear(x.reshape(rows, x.shape[-1]), self.small, self.bias)
-                return y.view(*x.shape[:-1], y.shape[-1])
+        rows = x.numel() // x.shape[-1]
+        # Inside a compiled graph the kernel takes only the products Inductor's own GEMM templates
+        # multiply slowly (more than 4 rows), as an external call; its panels are plain tensors, so
+        # frozen graphs stay cacheable on disk.
+        compiling = torch.compiler.is_compiling()
+        if self.small is not None and (small_gemm.GRAPH_MIN_ROWS if compiling else 1) <= rows <= small_gemm.MAX_ROWS:
+            y = small_gemm.linear(x.reshape(rows, x.shape[-1]), self.small, self.bias)
+            return y.view(*x.shape[:-1], y.shape[-1])
+        # Otherwise a compiled graph multiplies the dense copy with its own kernels (oneDNN's packed
+        # tensors would keep it out of Inductor's on-disk cache).
+        if not compiling:
             if self.packed is not None and (self.weight is None or rows > 1):
                 y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, x.shape[-1]), self.packed, self.bias,
                                                        "none", [], "")

@@ -1,5 +1,6 @@
 """The small-row GEMM kernel: equal to F.linear, the reference path for what it does not take, the
-fallback when it cannot be built, and unchanged greedy output in the engine."""
+fallback when it cannot be built, its use inside compiled graphs, and unchanged greedy output in the
+engine."""
 
 import os
 import subprocess
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from minedraft import LLM, SamplingParams
+from minedraft.engine.model_runner import Row
 from minedraft.kernels import small_gemm
 from minedraft.models.llama import Linear
 from minedraft.models.loader import load_model
@@ -122,3 +124,32 @@ def test_greedy_output_unchanged(tiny_llama, tiny_draft, monkeypatch):
     without, linears = outputs()
     assert not any(m.small is not None for m in linears)
     assert without == with_kernel
+
+
+@needs_kernel
+def test_compiled_graphs_call_the_kernel_above_four_rows(tiny_llama):
+    """A graph for 8 tokens multiplies through the kernel (Inductor's templates are slow there);
+    one for 4 keeps Inductor's own products; both give the eager path's logits."""
+    with LLM(str(tiny_llama), dtype="float32", max_num_seqs=2, max_model_len=64, compile_sizes=[4, 8]) as llm:
+        runner = llm.engine.runner
+        slot = runner.cache.allocate()
+        runner.forward([Row(slot, list(range(3, 13)))])  # 10 tokens: an eager prefill
+
+        def step(tokens: list[int]) -> tuple[torch.Tensor, int]:
+            runner.forward([Row(slot, tokens, len(tokens))])  # builds the graph
+            runner.cache.truncate(slot, 10)
+            with torch.profiler.profile() as prof:
+                logits = runner.forward([Row(slot, tokens, len(tokens))])
+            runner.cache.truncate(slot, 10)
+            return logits, sum(e.name == "minedraft_kernels::small_gemm" for e in prof.events())
+
+        six, six_calls = step([7, 1, 8, 2, 8, 1])
+        three, three_calls = step([4, 5, 9])
+        assert runner.compiled.size_for(6) == 8 and runner.compiled.size_for(3) == 4 and not runner.compiled.failed
+        # Every linear of the 8-token graph (qkv, o, gate_up, down per layer, and the head).
+        assert six_calls == 4 * llm.engine.runner.model.args.num_layers + 1
+        assert three_calls == 0
+        runner.compiled.failed = True  # the same steps eagerly
+        torch.testing.assert_close(six, runner.forward([Row(slot, [7, 1, 8, 2, 8, 1], 6)]), rtol=1e-5, atol=1e-5)
+        runner.cache.truncate(slot, 10)
+        torch.testing.assert_close(three, runner.forward([Row(slot, [4, 5, 9], 3)]), rtol=1e-5, atol=1e-5)
