@@ -290,6 +290,9 @@ def add_train_draft(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--method", default="draft_model", choices=["draft_model", "eagle3"],
                    help="a small draft model, or an EAGLE-3 head over the target's hidden states")
     p.add_argument("--ttt-steps", type=int, default=4, help="eagle3: draft steps unrolled in training")
+    p.add_argument("--prompt-loss-weight", type=float, default=0.0,
+                   help="eagle3: loss weight of prompt positions (reply positions: 1); the target's "
+                        "distribution along the prompt is a label too")
     p.add_argument("--max-minutes", type=float, default=None, help="eagle3: stop (checkpointed) after this long")
     p.set_defaults(func=cmd_train_draft)
 

@@ -35,6 +35,9 @@ log = logging.getLogger("minedraft")
 @dataclass
 class Eagle3TrainConfig:
     ttt_steps: int = 4  # draft steps unrolled per position
+    # Loss weight of prompt positions against reply ones (1): the target's distribution along the
+    # prompt is as exact a label as along its reply, and prompts hold most of the data's tokens.
+    prompt_loss_weight: float = 0.0
     step_decay: float = 0.8  # loss weight of step j: decay ** j
     epochs: int = 20
     batch_tokens: int = 4096  # padded tokens per optimiser step
@@ -191,7 +194,8 @@ def collate(batch: list[dict]) -> dict[str, torch.Tensor]:
 def unroll(head: Eagle3Head, batch: dict[str, torch.Tensor], steps: int, cos: torch.Tensor, sin: torch.Tensor,
            target_head: torch.Tensor):
     """Yield, for each draft step j, (draft logits [B, T-1, draft vocab], the target's logits over the
-    draft vocabulary at the positions they predict, the mask of reply positions that exist).
+    draft vocabulary at the positions they predict, the mask of reply positions that exist, the mask
+    of all positions that exist).
     Index t of step j: input token t + 1 + j at position t + j (as vLLM places it: beside the
     target's state of position t + j), predicting token t + 2 + j."""
     ids, length, prompt = batch["ids"], batch["length"], batch["prompt"]
@@ -208,8 +212,8 @@ def unroll(head: Eagle3Head, batch: dict[str, torch.Tensor], steps: int, cos: to
         normed, feature = head.layer(head.embed[tokens], feature,
                                      lambda x: ttt_attention(head, x, cos[pos - 1][:, None], sin[pos - 1][:, None], kv, pad))
         teacher = teachers[:, pos]
-        mask = (t[None, :] + 1 + j < length[:, None]) & (t[None, :] + 1 + j >= prompt[:, None] - 1)
-        yield head.compute_logits(normed), teacher, mask
+        inside = t[None, :] + 1 + j < length[:, None]
+        yield head.compute_logits(normed), teacher, inside & (t[None, :] + 1 + j >= prompt[:, None] - 1), inside
 
 
 class Trainer:
@@ -256,12 +260,15 @@ class Trainer:
 
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         total, weight = 0.0, 0.0
-        for j, (logits, teacher, mask) in enumerate(unroll(self.head, batch, self.config.ttt_steps, self.cos,
-                                                           self.sin, self.target_head)):
+        for j, (logits, teacher, reply, inside) in enumerate(unroll(self.head, batch, self.config.ttt_steps, self.cos,
+                                                                    self.sin, self.target_head)):
+            weights = reply.float() + self.config.prompt_loss_weight * (inside & ~reply).float()
+            mask = weights > 0
             if not mask.any():
                 break
             p = torch.softmax(teacher[mask], dim=-1)
-            ce = -(p * F.log_softmax(logits[mask].float(), dim=-1)).sum(-1).mean()
+            ce = -(p * F.log_softmax(logits[mask].float(), dim=-1)).sum(-1)
+            ce = (ce * weights[mask]).sum() / weights[mask].sum()
             total = total + self.config.step_decay ** j * ce
             weight += self.config.step_decay ** j
         return total / max(weight, 1e-9)
@@ -291,7 +298,7 @@ class Trainer:
             T = b["ids"].shape[1]
             alive = None
             top = (b["final"] @ self.full_head).argmax(-1)  # the target's greedy token after each position
-            for j, (logits, _, mask) in enumerate(unroll(self.head, b, k, self.cos, self.sin, self.target_head)):
+            for j, (logits, _, mask, _) in enumerate(unroll(self.head, b, k, self.cos, self.sin, self.target_head)):
                 target_top = top[:, (torch.arange(T - 1) + 1 + j).clamp_max(T - 1)]
                 if alive is None:  # reply positions where all k drafts fit
                     alive = mask & (torch.arange(T - 1)[None, :] + k < b["length"][:, None])

@@ -102,7 +102,7 @@ def run_eagle3(args: argparse.Namespace) -> Path:
         ids, coverage = frequent_tokens(train_set, target.args.vocab_size, args.vocab_size, eos)
         torch.save(ids, vocab_file)
         logging.info("draft vocabulary: %d tokens cover %.1f%% of reply tokens", len(ids), 100 * coverage)
-    config = Eagle3TrainConfig(ttt_steps=args.ttt_steps, epochs=args.epochs,
+    config = Eagle3TrainConfig(ttt_steps=args.ttt_steps, prompt_loss_weight=args.prompt_loss_weight, epochs=args.epochs,
                                batch_tokens=args.batch_tokens, lr=args.lr, autocast_bf16=args.autocast_bf16,
                                seed=args.seed)
     trainer = Trainer(target, work, config, aux_layers, torch.load(vocab_file), init_from)

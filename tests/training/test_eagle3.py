@@ -36,7 +36,7 @@ def test_training_time_test_matches_the_head_drafting_with_its_cache(tiny_llama)
     batch["aux"], batch["final"] = sample["aux"][None], sample["final"][None]
     cos, sin = rope_tables(target.args, 64, torch.float64)
     steps = 3
-    trained = [logits[0] for logits, _, _ in unroll(head, batch, steps, cos, sin, target.lm_head.weight[:, vocab_ids])]
+    trained = [logits[0] for logits, _, _, _ in unroll(head, batch, steps, cos, sin, target.lm_head.weight[:, vocab_ids])]
     ids = batch["ids"][0].tolist()
     runner = ModelRunner(head, 1, 64, torch.float64, CPU)
     for t in (0, 4, len(ids) - 2 - steps):
@@ -116,3 +116,31 @@ def test_feature_files_load_memory_mapped_and_train_the_same(tiny_llama, tmp_pat
     ids = torch.arange(0, target.args.vocab_size, 2)
     trainer = Trainer(target, tmp_path, config, (0, 1, 1), ids)
     assert trainer.loss(collate(loaded)).isfinite()
+
+
+def test_prompt_positions_enter_the_loss_with_their_weight(tiny_llama, tmp_path):
+    target = load_model(tiny_llama, torch.float64, CPU)
+    samples = samples_for(target, n=3)
+    for s in samples:
+        s["aux"], s["final"] = s["aux"].double(), s["final"].double()
+    ids = torch.arange(0, target.args.vocab_size, 2)
+    batch = collate(samples)
+    batch["aux"], batch["final"] = batch["aux"].double(), batch["final"].double()
+
+    def trainer(weight: float, folder: str) -> Trainer:
+        (tmp_path / folder).mkdir()
+        t = Trainer(target, tmp_path / folder, Eagle3TrainConfig(ttt_steps=1, prompt_loss_weight=weight), (0, 1, 1), ids)
+        t.head.double()
+        t.target_head, t.cos, t.sin = t.target_head.double(), t.cos.double(), t.sin.double()
+        return t
+
+    plain, weighted = trainer(0.0, "a"), trainer(0.5, "b")
+    weighted.head.load_state_dict(plain.head.state_dict())
+    logits, teacher, reply, inside = next(unroll(plain.head, batch, 1, plain.cos, plain.sin, plain.target_head))
+    ce = -(torch.softmax(teacher, -1) * torch.log_softmax(logits, -1)).sum(-1)
+    prompt = inside & ~reply
+    assert reply.any() and prompt.any()
+    with torch.no_grad():
+        torch.testing.assert_close(plain.loss(batch), ce[reply].mean())
+        expected = (ce[reply].sum() + 0.5 * ce[prompt].sum()) / (reply.sum() + 0.5 * prompt.sum())
+        torch.testing.assert_close(weighted.loss(batch), expected)
