@@ -147,7 +147,7 @@ def test_compiled_graphs_call_the_kernel_above_four_rows(tiny_llama):
         three, three_calls = step([4, 5, 9])
         assert runner.compiled.size_for(6) == 8 and runner.compiled.size_for(3) == 4 and not runner.compiled.failed
         # Every linear of the 8-token graph (qkv, o, gate_up, down per layer, and the head).
-        assert six_calls == 4 * llm.engine.runner.model.args.num_layers + 1
+        assert six_calls == 4 * runner.model.args.num_layers + 1
         assert three_calls == 0
         runner.compiled.failed = True  # the same steps eagerly
         torch.testing.assert_close(six, runner.forward([Row(slot, [7, 1, 8, 2, 8, 1], 6)]), rtol=1e-5, atol=1e-5)
