@@ -117,7 +117,8 @@ class Linear(nn.Module):
         # multiply slowly (more than 4 rows), as an external call; its panels are plain tensors, so
         # frozen graphs stay cacheable on disk.
         compiling = torch.compiler.is_compiling()
-        if self.small is not None and (small_gemm.GRAPH_MIN_ROWS if compiling else 1) <= rows <= small_gemm.MAX_ROWS:
+        min_rows = small_gemm.GRAPH_MIN_ROWS if compiling else 1
+        if self.small is not None and min_rows <= rows <= small_gemm.MAX_ROWS:
             y = small_gemm.linear(x.reshape(rows, x.shape[-1]), self.small, self.bias)
             return y.view(*x.shape[:-1], y.shape[-1])
         # Otherwise a compiled graph multiplies the dense copy with its own kernels (oneDNN's packed
