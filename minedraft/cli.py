@@ -90,6 +90,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> None:
 def cmd_bench_draft(args: argparse.Namespace) -> None:
     from minedraft.bench.draft import run
 
+    args.speculative_config = speculative_config(args.speculative_config)
     run(args)
 
 
@@ -209,6 +210,8 @@ def add_bench_draft(bench: argparse._SubParsersAction) -> None:
                      help="default: inferred from the draft checkpoint")
     p.add_argument("--draft-model", default=None,
                      help="draft checkpoint folder (a draft model or an EAGLE-3 head) or 'self' (default: the bundled drafter)")
+    p.add_argument("--speculative-config", default=None,
+                     help='JSON of further speculative_config keys, e.g. \'{"prompt_lookup_first": false}\'')
     p.add_argument("--dataset", default="../shared/data/spec_bench_questions.jsonl", help="Spec-Bench questions jsonl")
     p.add_argument("--per-task", type=int, default=20, help="prompts per Spec-Bench task")
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")

@@ -41,7 +41,8 @@ class SpeculativeConfig:
     public layout, minedraft.models.eagle3; the method is inferred from the checkpoint when not
     given), or {"method": "ngram", "prompt_lookup_min": a,
     "prompt_lookup_max": b, "num_speculative_tokens": k} (prompt lookup, no draft model); k may be
-    "auto" (minedraft.spec_decode.draft_length picks it every step). With "tetris": true every row
+    "auto" (minedraft.spec_decode.draft_length picks it every step). With "prompt_lookup_first": true
+    a model's rows draft by prompt lookup wherever it finds a match (spec_decode/ngram.py). With "tetris": true every row
     drafts k + `tetris_extra_proposals` tokens and only `tetris_capacity` drafts in all (0: k per
     row) are verified, the most probable prefixes across the (sub-)batch (spec_decode/tetris.py). Without
     "model" the bundled target drafts with the bundled drafter (minedraft/draft_models, made by
@@ -64,8 +65,12 @@ class SpeculativeConfig:
     draft_cpus: list[int] | None = None
     rendezvous: str | None = None
     draft_timeout_s: float = 60.0
-    prompt_lookup_min: int = 1
+    prompt_lookup_min: int | None = None  # None: 1 for "ngram", 2 in front of a model
     prompt_lookup_max: int = 4
+    # Prompt lookup in front of the model: rows whose last prompt_lookup_min.. tokens occurred before
+    # take the lookup's draft, the others the model's. None: on for the bundled drafter (its gain on
+    # Spec-Bench is in docs/DRAFT_MODEL.md), off for a drafter named by path.
+    prompt_lookup_first: bool | None = None
     tetris: bool = False
     tetris_extra_proposals: int = 1
     tetris_capacity: int = 0
@@ -73,7 +78,7 @@ class SpeculativeConfig:
 
     KEYS = ("method", "model", "num_speculative_tokens", "parallel", "draft_device", "target_cpus",
             "draft_cpus", "rendezvous", "draft_timeout_s", "prompt_lookup_min", "prompt_lookup_max",
-            "tetris", "tetris_extra_proposals", "tetris_capacity")
+            "prompt_lookup_first", "tetris", "tetris_extra_proposals", "tetris_capacity")
 
     @property
     def remote(self) -> bool:
@@ -106,9 +111,10 @@ class SpeculativeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"speculative_config {name} must be an integer >= 0, got {value!r}")
-        if self.tetris and self.method == "ngram":
+        if self.tetris and (self.method == "ngram" or self.prompt_lookup_first):
             raise ValueError("speculative_config tetris ranks drafts by the drafter's probabilities; "
-                             "method 'ngram' has none (its drafts are certain)")
+                             "prompt lookup has none (its drafts are certain): use method 'ngram' or "
+                             "'prompt_lookup_first' without tetris")
 
     def _validate_ngram(self) -> None:
         if self.model is not None:
@@ -116,11 +122,17 @@ class SpeculativeConfig:
         if self.remote:
             raise ValueError("speculative_config method 'ngram' runs in the engine's process: drop 'parallel' "
                              "and 'draft_device'")
+        if self.prompt_lookup_first:
+            raise ValueError("speculative_config method 'ngram' is prompt lookup alone: drop 'prompt_lookup_first'")
+        self.model_path = None
+
+    def _validate_lookup_sizes(self) -> None:
+        if self.prompt_lookup_min is None:
+            self.prompt_lookup_min = 1 if self.method == "ngram" else 2
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) or not 1 <= lo <= hi:
             raise ValueError("speculative_config needs integers 1 <= prompt_lookup_min <= prompt_lookup_max, "
                              f"got {lo!r} and {hi!r}")
-        self.model_path = None
 
     @classmethod
     def from_dict(cls, spec: dict, target: "EngineConfig") -> "SpeculativeConfig":
@@ -137,6 +149,11 @@ class SpeculativeConfig:
 
     def validate(self, target: "EngineConfig") -> None:
         check_num_speculative_tokens(self.num_speculative_tokens)
+        if self.prompt_lookup_first is None:
+            self.prompt_lookup_first = self.method != "ngram" and self.model is None and not self.tetris
+        if not isinstance(self.prompt_lookup_first, bool):
+            raise ValueError(f"speculative_config prompt_lookup_first must be true or false, got {self.prompt_lookup_first!r}")
+        self._validate_lookup_sizes()
         self._validate_tetris()
         if self.method not in (None, "draft_model", "eagle3", "ngram"):
             raise ValueError(f"speculative_config method must be 'draft_model', 'eagle3' or 'ngram', got {self.method!r}")

@@ -21,6 +21,8 @@ def test_speculation_without_a_named_draft_uses_the_bundled_drafter(smollm2):
     with LLM(max_num_seqs=4, max_model_len=512, speculative_config={"num_speculative_tokens": 4}) as sd:
         assert sd.engine.config.speculative.model_path == DEFAULT_DRAFT
         assert sd.engine.config.speculative.method == "eagle3"
+        # Prompt lookup goes first by default for the bundled drafter (docs/DRAFT_MODEL.md).
+        assert sd.engine.config.speculative.prompt_lookup_first and sd.engine.config.speculative.prompt_lookup_min == 2
         got = [o.outputs[0].token_ids for o in sd.chat(conversations, params, use_tqdm=False)]
         metrics = sd.get_metrics()
     assert got == expected

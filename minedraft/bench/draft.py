@@ -13,7 +13,8 @@ from tqdm import tqdm
 from minedraft import LLM, SamplingParams
 from minedraft.bench.datasets import select, spec_bench_by_task
 from minedraft.bench.decode import decode_step_times
-from minedraft.engine.model_runner import Row
+from minedraft.engine.model_runner import ModelRunner, Row
+from minedraft.spec_decode.ngram import LookupFirst
 
 CONFIDENCE_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
@@ -54,7 +55,7 @@ def calibration(llm: LLM, prompts: list, output_len: int) -> list[dict]:
     token is the draft it would propose there, accepted when the answer continues with it.
     `prompts` as `LLM.generate` takes them."""
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=output_len), use_tqdm=False)
-    runner = llm.engine.proposer.runner
+    runner = draft_runner(llm)
     tried = [0] * (len(CONFIDENCE_BINS) - 1)
     taken = [0] * len(tried)
     for out in outs:
@@ -76,9 +77,15 @@ def calibration(llm: LLM, prompts: list, output_len: int) -> list[dict]:
             for lo, hi, n, a in zip(CONFIDENCE_BINS, CONFIDENCE_BINS[1:], tried, taken)]
 
 
+def draft_runner(llm: LLM) -> ModelRunner:
+    """The draft model's runner (behind prompt lookup, if that goes first)."""
+    proposer = llm.engine.proposer
+    return (proposer.model if isinstance(proposer, LookupFirst) else proposer).runner
+
+
 def cost_ratio(llm: LLM, batch_sizes: list[int], context: int, steps: int, repeats: int) -> list[dict]:
     """Median decode-step times of target and drafter, interleaved, at each batch size."""
-    target, draft = llm.engine.runner, llm.engine.proposer.runner
+    target, draft = llm.engine.runner, draft_runner(llm)
     vocab = llm.engine.config.model_args.vocab_size
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(100, vocab, (max(batch_sizes), context), generator=gen).tolist()
@@ -100,10 +107,12 @@ def run(args: argparse.Namespace) -> dict:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     temperatures = [float(t) for t in args.temperatures.split(",")]
     spec = {"num_speculative_tokens": args.k, **({} if args.method is None else {"method": args.method}),
-            **({} if args.draft_model is None else {"model": args.draft_model})}
+            **({} if args.draft_model is None else {"model": args.draft_model}),
+            **(args.speculative_config or {})}
     llm = LLM(args.model, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, speculative_config=spec)
     method = llm.engine.config.speculative.method
-    result: dict = {"method": method, "k": args.k, "output_len": args.output_len,
+    result: dict = {"method": method, "prompt_lookup_first": llm.engine.config.speculative.prompt_lookup_first,
+                    "k": args.k, "output_len": args.output_len,
                     "threads": torch.get_num_threads()}
     # Only a draft model runs on its own tokens alone (prompt lookup has no model; an EAGLE-3
     # head needs the target's states): the cost and calibration passes are for it.

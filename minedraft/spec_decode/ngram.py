@@ -39,3 +39,44 @@ class NgramProposer(Proposer):
 
     def release(self, seq: Sequence) -> None:
         """Nothing to free: the proposer keeps no state per sequence."""
+
+
+class LookupFirst(Proposer):
+    """Prompt lookup in front of a model drafter: a row whose recent tokens occurred before takes
+    the lookup's draft (free, and where a reply copies from its prompt often kept several tokens at
+    a time), the other rows the model's. The model sees every token a row keeps either way (its
+    states through `accept_states`, its tokens when it next drafts), so skipping rounds is safe."""
+
+    def __init__(self, model: Proposer, lookup: NgramProposer):
+        self.model, self.lookup = model, lookup
+        self.aux_layers = model.aux_layers
+
+    def propose(
+        self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None],
+        capacity: int | None = None,
+    ) -> tuple[list[list[int]], list[Dist | None]]:
+        looked, looked_dists = self.lookup.propose(seqs, num_tokens, generators)
+        rest = [0 if d else n for d, n in zip(looked, num_tokens)]
+        if not any(rest):
+            return looked, looked_dists
+        drafts, dists = self.model.propose(seqs, rest, generators, capacity)
+        return ([d or m for d, m in zip(looked, drafts)],
+                [q if d else p for d, q, p in zip(looked, looked_dists, dists)])
+
+    def prefill(self, seqs: list[Sequence], ends: list[int]) -> None:
+        self.model.prefill(seqs, ends)
+
+    def accept_states(self, seq: Sequence, start: int, states: torch.Tensor) -> None:
+        self.model.accept_states(seq, start, states)
+
+    def release(self, seq: Sequence) -> None:
+        self.model.release(seq)
+
+    def free_slots(self) -> int | None:
+        return self.model.free_slots()
+
+    def flush(self) -> None:
+        self.model.flush()
+
+    def close(self, graceful: bool = True) -> None:
+        self.model.close(graceful)

@@ -34,6 +34,7 @@ class WorkerArgs:
     init_method: str
     seed: int
     compile_sizes: list[int]  # the drafter's compiled forward (EngineConfig.compile_sizes)
+    prompt_lookup: list[int] | None = None  # [min, max] n-gram sizes of a lookup in front of the model
 
 
 READY_TIMEOUT_S = 600.0  # for the drafter process to start, load its model and compile its forward pass

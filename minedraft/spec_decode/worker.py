@@ -18,6 +18,7 @@ from minedraft.config import DTYPES
 from minedraft.spec_decode.base import Proposer
 from minedraft.spec_decode.draft_model import DraftModelProposer
 from minedraft.spec_decode.eagle3 import Eagle3Proposer
+from minedraft.spec_decode.ngram import LookupFirst, NgramProposer
 from minedraft.spec_decode.remote import WorkerArgs, pin
 from minedraft.spec_decode.transport import DRAFTER, Channel
 from minedraft.engine.sequence import Sequence
@@ -34,17 +35,22 @@ def die_with_parent() -> None:
 
 
 def make_proposer(args: WorkerArgs, device: torch.device, dtype: torch.dtype) -> Proposer:
-    """A draft model, or an EAGLE-3 head (both may read the target's input embedding)."""
+    """A draft model, or an EAGLE-3 head (both may read the target's input embedding), with prompt
+    lookup in front of it if asked."""
     draft_path, target_path = Path(args.model_path), Path(args.target_path)
     config = read_config(draft_path)
     sizes, compiled = tuple(args.compile_sizes), bool(args.compile_sizes)
     if is_eagle3(config):
         head = load_eagle3(draft_path, dtype, device, read_embedding(target_path), compiled=compiled)
         target_layers = read_config(target_path)["num_hidden_layers"]
-        return Eagle3Proposer(head, target_layers, args.num_slots, args.max_len, dtype, device, sizes)
-    embedding = read_embedding(target_path) if uses_target_embedding(config) else None
-    return DraftModelProposer(load_model(draft_path, dtype, device, embedding, compiled=compiled), args.num_slots,
-                              args.max_len, dtype, device, sizes)
+        model: Proposer = Eagle3Proposer(head, target_layers, args.num_slots, args.max_len, dtype, device, sizes)
+    else:
+        embedding = read_embedding(target_path) if uses_target_embedding(config) else None
+        model = DraftModelProposer(load_model(draft_path, dtype, device, embedding, compiled=compiled), args.num_slots,
+                                   args.max_len, dtype, device, sizes)
+    if args.prompt_lookup is None:
+        return model
+    return LookupFirst(model, NgramProposer(*args.prompt_lookup, config["vocab_size"], dtype))
 
 
 def worker_main(args: WorkerArgs) -> None:
@@ -65,7 +71,7 @@ def worker_main(args: WorkerArgs) -> None:
         if op == "stop":
             break
         if op == "stats":
-            channel.send({"free_slots": proposer.runner.cache.num_free, "sequences": len(mirrors),
+            channel.send({"free_slots": proposer.free_slots(), "sequences": len(mirrors),
                           "tokens": sum(len(seq) for seq in mirrors.values())})
             continue
         start = time.time()

@@ -46,6 +46,35 @@ def test_greedy_sd_equals_ar(ar, tiny_llama, tiny_draft, k, chunk):
         assert 0 < m["acceptance_rate"] < 1  # the test exercises both acceptance and rejection
 
 
+@pytest.mark.parametrize("placement", [{}, {"draft_device": "cpu"}, {"parallel": True}], ids=["sd", "sd-remote", "psd"])
+def test_greedy_lookup_first_equals_ar(ar, tiny_llama, tiny_draft, placement):
+    """Prompt lookup in front of a draft model: rows with a match skip the model's round, which
+    then catches up on every token they kept."""
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    expected = token_ids(ar.generate(prompts, greedy_params(), use_tqdm=False))
+    with LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=96,
+             speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 3, **LOOKUP_FIRST,
+                                 **placement}) as sd:
+        if not placement:  # count whose drafts the rounds took
+            counts = {"lookup": 0, "model": 0}
+            for name in counts:
+                inner = getattr(sd.engine.proposer, name)
+                inner.propose = counting(inner.propose, counts, name)
+        assert token_ids(sd.generate(prompts, greedy_params(), use_tqdm=False)) == expected
+        m = sd.get_metrics()
+        assert 0 < m["acceptance_rate"] < 1 and m["drafter_failures"] == 0
+        if not placement:
+            assert counts["lookup"] > 0 and counts["model"] > 0, counts
+
+
+def counting(propose, counts, name):
+    def wrapped(seqs, num_tokens, *args):
+        drafts, dists = propose(seqs, num_tokens, *args)
+        counts[name] += sum(len(d) for d in drafts)
+        return drafts, dists
+    return wrapped
+
+
 def test_greedy_sd_stops_at_max_model_len(tiny_llama, tiny_draft):
     prompts = [{"prompt_token_ids": PROMPTS[4]}]
     params = SamplingParams(temperature=0, max_tokens=33 - 20, ignore_eos=True)  # all the context leaves
@@ -118,13 +147,16 @@ def small_vocab_pair(tmp_path_factory):
             save_tiny_checkpoint(root / "draft", "llama", seed=3, vocab_size=12, num_hidden_layers=1))
 
 
+LOOKUP_FIRST = {"prompt_lookup_first": True, "prompt_lookup_min": 1}
 CHUNKED = {"max_num_batched_tokens": 30}  # 7.5 prompts of 4 tokens a step: one split every step
 
 
 @pytest.mark.parametrize("placement,engine", [
     ({}, {}), ({"parallel": True}, {}), ({"draft_device": "cpu"}, {}), ({"num_speculative_tokens": "auto"}, {}),
     ({"tetris": True, "tetris_extra_proposals": 2, "tetris_capacity": 40}, {}), ({}, CHUNKED),
-    ({"parallel": True}, CHUNKED)], ids=["sd", "psd", "sd-remote", "sd-auto", "sd-tetris", "sd-chunked", "psd-chunked"])
+    ({"parallel": True}, CHUNKED), (LOOKUP_FIRST, {}), ({"parallel": True, **LOOKUP_FIRST}, {})],
+    ids=["sd", "psd", "sd-remote", "sd-auto", "sd-tetris", "sd-chunked", "psd-chunked", "sd-lookup-first",
+         "psd-lookup-first"])
 def test_speculation_samples_the_targets_distribution(small_vocab_pair, placement, engine):
     """At temperature 1 the second token (the first one speculation produces) follows the target's
     exact distribution; the draft's own distribution is far from it, so a sampler that leaned on
@@ -281,6 +313,11 @@ def test_ngram_drafting_keeps_the_targets_distribution(small_vocab_pair):
      "tetris_extra_proposals must be an integer >= 0"),
     ({"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2, "num_speculative_tokens": 2},
      "prompt_lookup_min <= prompt_lookup_max"),
+    ({"method": "ngram", "prompt_lookup_first": True, "num_speculative_tokens": 2}, "prompt lookup alone"),
+    ({"model": "self", "prompt_lookup_first": True, "tetris": True, "num_speculative_tokens": 2}, "tetris ranks drafts"),
+    ({"model": "self", "prompt_lookup_first": "yes", "num_speculative_tokens": 2}, "must be true or false"),
+    ({"model": "self", "prompt_lookup_first": True, "prompt_lookup_min": 0, "num_speculative_tokens": 2},
+     "1 <= prompt_lookup_min"),
 ])
 def test_bad_speculative_config_is_named(tiny_llama, spec, message):
     with pytest.raises((ValueError, FileNotFoundError), match=message):

@@ -87,8 +87,10 @@ def test_a_head_in_the_public_layout_loads_and_drafts(tmp_path):
 
 
 PLACEMENTS = [{}, {"draft_device": "cpu"}, {"parallel": True}, {"num_speculative_tokens": "auto"},
-              {"tetris": True, "tetris_extra_proposals": 2}, {"parallel": True, "tetris": True}]
-IDS = ["sd", "sd-remote", "psd", "sd-auto", "sd-tetris", "psd-tetris"]
+              {"tetris": True, "tetris_extra_proposals": 2}, {"parallel": True, "tetris": True},
+              {"prompt_lookup_first": True, "prompt_lookup_min": 1},
+              {"parallel": True, "prompt_lookup_first": True, "prompt_lookup_min": 1}]
+IDS = ["sd", "sd-remote", "psd", "sd-auto", "sd-tetris", "psd-tetris", "sd-lookup-first", "psd-lookup-first"]
 
 
 @pytest.mark.parametrize("chunk", [None, 4], ids=["whole-prompts", "chunks-of-4"])
@@ -143,7 +145,9 @@ def small_vocab_target(tmp_path_factory):
     return save_tiny_checkpoint(tmp_path_factory.mktemp("small_vocab_e3"), "llama", vocab_size=12)
 
 
-@pytest.mark.parametrize("placement", [{}, {"draft_device": "cpu"}, {"parallel": True}], ids=["sd", "sd-remote", "psd"])
+@pytest.mark.parametrize("placement", [{}, {"draft_device": "cpu"}, {"parallel": True},
+                                       {"parallel": True, "prompt_lookup_first": True, "prompt_lookup_min": 1}],
+                         ids=["sd", "sd-remote", "psd", "psd-lookup-first"])
 def test_eagle3_samples_the_targets_distribution(small_vocab_target, tmp_path, placement):
     """Temperature 1: the second token follows the target exactly, with a head over part of the
     vocabulary (tokens outside it come only from the residual)."""
