@@ -42,11 +42,11 @@ class SpeculativeConfig:
     given), or {"method": "ngram", "prompt_lookup_min": a,
     "prompt_lookup_max": b, "num_speculative_tokens": k} (prompt lookup, no draft model); k may be
     "auto" (minedraft.spec_decode.draft_length picks it every step). With "prompt_lookup_first": true
-    a model's rows draft by prompt lookup wherever it finds a match (spec_decode/ngram.py). With "tetris": true every row
-    drafts k + `tetris_extra_proposals` tokens and only `tetris_capacity` drafts in all (0: k per
-    row) are verified, the most probable prefixes across the (sub-)batch (spec_decode/tetris.py). Without
-    "model" the bundled target drafts with the bundled drafter (minedraft/draft_models, made by
-    `minedraft train-draft`). Where a draft model runs:
+    a model's rows draft by prompt lookup wherever it finds a match (spec_decode/ngram.py). With
+    "tetris": true every row drafts k + `tetris_extra_proposals` tokens and only `tetris_capacity`
+    drafts in all (0: k per row) are verified, the most probable prefixes across the (sub-)batch
+    (spec_decode/tetris.py). Without "model" the bundled target drafts with the bundled drafter
+    (minedraft/draft_models, made by `minedraft train-draft`). Where a draft model runs:
 
     - neither `draft_device` nor `parallel`: standard SD, drafter in the engine's process;
     - `draft_device` without `parallel`: the drafter in its own process, strictly draft-then-verify;
