@@ -12,12 +12,24 @@ from minedraft.sampling import Dist
 def lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
     """Up to k tokens that followed the latest earlier occurrence of the longest suffix of
     `tokens` with min_n..max_n tokens; [] when no such suffix occurred before."""
-    for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
-        suffix = tokens[-n:]
-        for start in range(len(tokens) - n - 1, -1, -1):  # latest match first
-            if tokens[start : start + n] == suffix:
-                return tokens[start + n : start + n + k]
-    return []
+    if len(tokens) < 2:
+        return []
+    last, stop = tokens[-1], len(tokens) - 1
+    longest = min(max_n, stop)
+    best_n, best_end, end = min_n - 1, -1, -1
+    # Each earlier occurrence of the last token ends a candidate match; list.index finds them at C
+    # speed, so a long context with few candidates costs little (this runs every round, per row).
+    while True:
+        try:
+            end = tokens.index(last, end + 1, stop)
+        except ValueError:
+            break
+        n = 1
+        while n < min(longest, end + 1) and tokens[end - n] == tokens[-1 - n]:
+            n += 1
+        if n >= best_n and n >= min_n:  # the longest match, the latest among equals
+            best_n, best_end = n, end
+    return tokens[best_end + 1 : best_end + 1 + k] if best_end >= 0 else []
 
 
 class NgramProposer(Proposer):
@@ -43,8 +55,8 @@ class NgramProposer(Proposer):
 
 class LookupFirst(Proposer):
     """Prompt lookup in front of a model drafter: a row whose recent tokens occurred before takes
-    the lookup's draft (free, and where a reply copies from its prompt often kept several tokens at
-    a time), the other rows the model's. The model sees every token a row keeps either way (its
+    the lookup's draft (no model pass, microseconds a row; where a reply copies from its prompt
+    often kept several tokens at a time), the other rows the model's. The model sees every token a row keeps either way (its
     states through `accept_states`, its tokens when it next drafts), so skipping rounds is safe."""
 
     def __init__(self, model: Proposer, lookup: NgramProposer):

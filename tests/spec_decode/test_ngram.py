@@ -1,3 +1,5 @@
+import random
+
 import torch
 
 from minedraft.engine.sequence import Sequence
@@ -57,3 +59,21 @@ def test_lookup_first_drafts_rows_with_a_match_and_asks_the_model_for_the_rest()
     assert proposer.propose(rows[:1], [2], [None]) == ([[3, 1]], [None]) and len(model.asked) == 1
     proposer.release(rows[1])
     assert model.released == [1]
+
+
+def brute_force_lookup(tokens, min_n, max_n, k):
+    """The definition, spelled out: longest suffix first, then its latest earlier occurrence."""
+    for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start : start + n] == tokens[-n:]:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+def test_lookup_agrees_with_the_definition_on_random_sequences():
+    rng = random.Random(0)
+    for _ in range(5000):
+        tokens = [rng.randrange(rng.choice([2, 3, 5, 20])) for _ in range(rng.randrange(0, 40))]
+        min_n = rng.randrange(1, 4)
+        args = (tokens, min_n, rng.randrange(min_n, 6), rng.randrange(1, 6))
+        assert lookup(*args) == brute_force_lookup(*args), args
