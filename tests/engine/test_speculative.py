@@ -148,6 +148,10 @@ def small_vocab_pair(tmp_path_factory):
 
 
 LOOKUP_FIRST = {"prompt_lookup_first": True, "prompt_lookup_min": 1}
+# With this prompt 0.41 of the target's first tokens (2,000 samples) occur in it, so about that
+# share of the second-token rounds take a lookup draft and the rest the model's: both paths run
+# ([1, 5, 7, 2] gave 0.05).
+LOOKUP_PROMPT = [9, 10, 11, 0, 1, 5, 7, 2]
 CHUNKED = {"max_num_batched_tokens": 30}  # 7.5 prompts of 4 tokens a step: one split every step
 
 
@@ -162,7 +166,7 @@ def test_speculation_samples_the_targets_distribution(small_vocab_pair, placemen
     exact distribution; the draft's own distribution is far from it, so a sampler that leaned on
     the draft would fail. Chunked: prompts split over steps, beside verification rows."""
     target, draft = small_vocab_pair
-    prompt = [1, 5, 7, 2]
+    prompt = LOOKUP_PROMPT if placement.get("prompt_lookup_first") else [1, 5, 7, 2]
     exact = exact_second_token_distribution(target, prompt)
     draft_exact = exact_second_token_distribution(draft, prompt)
     sd = LLM(str(target), dtype="float64", max_num_seqs=64, max_model_len=32, **engine,

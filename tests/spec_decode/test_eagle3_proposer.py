@@ -11,7 +11,7 @@ from minedraft import LLM
 from minedraft.models.eagle3 import load_eagle3, save_eagle3
 from minedraft.models.loader import load_model, read_config
 from minedraft.training.eagle3 import new_head
-from engine.test_speculative import PROMPTS, exact_second_token_distribution, greedy_params, second_token_histogram, token_ids
+from engine.test_speculative import LOOKUP_PROMPT, PROMPTS, exact_second_token_distribution, greedy_params, second_token_histogram, token_ids
 
 CPU = torch.device("cpu")
 
@@ -152,7 +152,7 @@ def test_eagle3_samples_the_targets_distribution(small_vocab_target, tmp_path, p
     """Temperature 1: the second token follows the target exactly, with a head over part of the
     vocabulary (tokens outside it come only from the residual)."""
     head = save_head(small_vocab_target, tmp_path, keep_every=1, seed=5)
-    prompt = [1, 5, 7, 2]
+    prompt = LOOKUP_PROMPT if placement.get("prompt_lookup_first") else [1, 5, 7, 2]
     exact = exact_second_token_distribution(small_vocab_target, prompt)
     with LLM(str(small_vocab_target), dtype="float64", max_num_seqs=64, max_model_len=32,
              speculative_config={"model": str(head), "num_speculative_tokens": 2, **placement}) as sd:
