@@ -68,8 +68,8 @@ class SpeculativeConfig:
     prompt_lookup_min: int | None = None  # None: 1 for "ngram", 2 in front of a model
     prompt_lookup_max: int = 4
     # Prompt lookup in front of the model: rows whose last prompt_lookup_min.. tokens occurred before
-    # take the lookup's draft, the others the model's. None: on for the bundled drafter (its gain on
-    # Spec-Bench is in docs/DRAFT_MODEL.md), off for a drafter named by path.
+    # take the lookup's draft, the others the model's. None: on for the bundled drafter without
+    # TETRIS (its gain on Spec-Bench is in docs/DRAFT_MODEL.md), off for a drafter named by path.
     prompt_lookup_first: bool | None = None
     tetris: bool = False
     tetris_extra_proposals: int = 1
