@@ -16,8 +16,8 @@ import torch
 
 from minedraft import LLM, SamplingParams
 from minedraft.bench.datasets import select, spec_bench_by_task
-from minedraft.models.loader import DEFAULT_DRAFT
-from minedraft.training.distill import reply_token_counts
+from minedraft.models.loader import DEFAULT_DRAFT, eos_token_ids, load_tokenizer, resolve_model
+from minedraft.training.distill import frequent_tokens, split
 from minedraft.training.eagle3 import head_vocabulary
 
 
@@ -35,10 +35,12 @@ def main() -> None:
 
     llm = LLM(max_num_seqs=8, max_model_len=2048)
     vocab = llm.engine.config.model_args.vocab_size
-    counts = sum(reply_token_counts(torch.load(f), vocab) for f in sorted(Path(args.shards).glob("shard-*.pt")))
-    order = counts.argsort(descending=True)
+    # The vocabularies train-draft would choose from these shards (training replies, EOS kept).
+    train_set, _ = split([s for f in sorted(Path(args.shards).glob("shard-*.pt")) for s in torch.load(f)])
+    target = resolve_model(None)
+    eos = eos_token_ids(target, load_tokenizer(target))
     vocabularies = {"bundled head": head_vocabulary(DEFAULT_DRAFT),
-                    **{f"top {n}": order[:n] for n in map(int, args.sizes.split(","))}}
+                    **{f"top {n}": frequent_tokens(train_set, vocab, n, eos)[0] for n in map(int, args.sizes.split(","))}}
     masks = {name: torch.zeros(vocab, dtype=torch.bool).index_fill_(0, ids, True) for name, ids in vocabularies.items()}
 
     result = {}
