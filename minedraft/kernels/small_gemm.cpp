@@ -1,4 +1,5 @@
-// y = x @ W + bias for a few rows of x (float32, AVX-512), reading each weight once for all rows.
+// y = x @ W + bias for a few rows of x (float32, or bfloat16 where the CPU has AVX512-BF16),
+// reading each weight once for all rows.
 //
 // At decode and verification sizes (1 to 64 rows) the weights are far bigger than the cache, so a
 // product costs what streaming them costs, and oneDNN's and MKL's cost well above one pass
@@ -12,6 +13,7 @@
 #include <immintrin.h>
 
 #include <array>
+#include <cstring>
 #include <utility>
 
 #ifndef __AVX512F__
@@ -20,21 +22,49 @@
 
 namespace {
 
-constexpr int64_t kPanel = 32;   // columns per panel: two 16-float vectors
+constexpr int64_t kPanel = 32;   // columns per panel: two 16-lane vectors
 constexpr int kMaxBlockRows = 12;  // 2 x 12 accumulators + 2 weight vectors + 1 broadcast <= 32 registers
 // With several rows the FMAs hide the loads from the hardware prefetcher; asking for the weights
 // 32 KB ahead took 8-row products from 1.3-1.6x to 1.1-1.2x the one-row time here (one row is
 // faster without).
-constexpr int64_t kPrefetchFloats = 8192;
+constexpr int64_t kPrefetchBytes = 32768;
 constexpr int64_t kChunk = 64;  // k terms summed in registers before they are added to y
 
-// Rows x[0..R) against one panel: 2R accumulators, each weight vector loaded once per k.
-// `prefetch`: the first row block of a panel of a product with several rows. The sum over k runs
-// in chunks of kChunk, each added to y (in L1): with one running sum over all of K, SmolLM2's
-// float32 logits were 1.4e-4 off float64's (oneDNN / MKL: 6e-5); in chunks, 3.4e-5.
-template <int R>
-void panel_block(const float* x, int64_t K, const float* panel, const float* bias, float* y, int64_t ldy,
-                 int64_t cols, bool prefetch) {
+// What differs between the two element types: how many k terms one lane of a weight vector holds
+// and how a row's terms meet them. float32: one term, an FMA. bfloat16: two adjacent terms packed
+// in a lane (panels [P, K / 2, 32, 2]), multiplied and summed into float32 by one VDPBF16PS, which
+// is twice the float32 FMA's work per instruction, over half the bytes.
+struct F32 {
+  using T = float;
+  static constexpr int kTerms = 1;
+  static __m512 broadcast(const T* x) { return _mm512_set1_ps(*x); }
+  static __m512 madd(__m512 acc, __m512 x, __m512 w) { return _mm512_fmadd_ps(x, w, acc); }
+};
+
+#ifdef __AVX512BF16__
+struct BF16 {
+  using T = at::BFloat16;
+  static constexpr int kTerms = 2;
+  static __m512 broadcast(const T* x) {  // x[k] and x[k + 1] together, in every lane
+    int32_t pair;
+    std::memcpy(&pair, x, sizeof(pair));
+    return _mm512_castsi512_ps(_mm512_set1_epi32(pair));
+  }
+  static __m512 madd(__m512 acc, __m512 x, __m512 w) {
+    return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh&>(x), reinterpret_cast<__m512bh&>(w));
+  }
+};
+#endif
+
+// Rows x[0..R) against one panel: 2R float32 accumulators, each weight vector loaded once per
+// k step. `prefetch`: the first row block of a panel of a product with several rows. The sum over
+// k runs in chunks of kChunk, each added to y (float32, in L1): with one running sum over all of K,
+// SmolLM2's float32 logits were 1.4e-4 off float64's (oneDNN / MKL: 6e-5); in chunks, 3.4e-5.
+template <typename E, int R>
+void panel_block(const typename E::T* x, int64_t K, const typename E::T* panel, const float* bias, float* y,
+                 int64_t ldy, int64_t cols, bool prefetch) {
+  constexpr int64_t step = E::kTerms, second = 16 * E::kTerms;  // per k step; the second vector's offset
+  constexpr int64_t ahead = kPrefetchBytes / sizeof(typename E::T);
   const __mmask16 m0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
   const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
   for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
@@ -43,17 +73,18 @@ void panel_block(const float* x, int64_t K, const float* panel, const float* bia
       a0[r] = _mm512_setzero_ps();
       a1[r] = _mm512_setzero_ps();
     }
-    for (int64_t k = k0; k < std::min(K, k0 + kChunk); ++k) {
+    for (int64_t k = k0; k < std::min(K, k0 + kChunk); k += step) {
+      const typename E::T* w = panel + k * kPanel;  // k step k / step, 32 lanes of `step` terms
       if (prefetch) {  // the packed panels are contiguous: this runs on into the next ones
-        _mm_prefetch(reinterpret_cast<const char*>(panel + k * kPanel + kPrefetchFloats), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(panel + k * kPanel + kPrefetchFloats + 16), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w + ahead), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w + ahead + second), _MM_HINT_T0);
       }
-      const __m512 w0 = _mm512_load_ps(panel + k * kPanel);
-      const __m512 w1 = _mm512_load_ps(panel + k * kPanel + 16);
+      const __m512 w0 = _mm512_load_ps(reinterpret_cast<const float*>(w));
+      const __m512 w1 = _mm512_load_ps(reinterpret_cast<const float*>(w + second));
       for (int r = 0; r < R; ++r) {
-        const __m512 xr = _mm512_set1_ps(x[r * K + k]);
-        a0[r] = _mm512_fmadd_ps(xr, w0, a0[r]);
-        a1[r] = _mm512_fmadd_ps(xr, w1, a1[r]);
+        const __m512 xr = E::broadcast(x + r * K + k);
+        a0[r] = E::madd(a0[r], xr, w0);
+        a1[r] = E::madd(a1[r], xr, w1);
       }
     }
     for (int r = 0; r < R; ++r) {  // y = bias + chunk sums, in order
@@ -66,32 +97,22 @@ void panel_block(const float* x, int64_t K, const float* panel, const float* bia
   }
 }
 
-using BlockFn = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t, int64_t, bool);
+template <typename E>
+using BlockFn = void (*)(const typename E::T*, int64_t, const typename E::T*, const float*, float*, int64_t, int64_t,
+                         bool);
 
-template <int... Rs>
+template <typename E, int... Rs>
 constexpr auto block_table(std::integer_sequence<int, Rs...>) {
-  return std::array<BlockFn, sizeof...(Rs)>{panel_block<Rs + 1>...};
+  return std::array<BlockFn<E>, sizeof...(Rs)>{panel_block<E, Rs + 1>...};
 }
-constexpr auto kBlocks = block_table(std::make_integer_sequence<int, kMaxBlockRows>{});
 
-// x [M, K] float32, panels [P, K, 32] float32 (zero-padded past column n), bias [n] or none.
-at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& panels, int64_t n, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "small_gemm: x must be [M, K] float32");
-  TORCH_CHECK(panels.dim() == 3 && panels.scalar_type() == at::kFloat && panels.size(2) == kPanel &&
-                  panels.size(1) == x.size(1) && panels.size(0) * kPanel >= n && panels.is_contiguous(),
-              "small_gemm: panels must be [ceil(n / 32), K, 32] float32, contiguous");
-  TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->numel() == n && bias->is_contiguous()),
-              "small_gemm: bias must be [n] float32");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(panels.data_ptr()) % 64 == 0, "small_gemm: panels must be 64-byte aligned");
-  const at::Tensor xc = x.contiguous();
-  const int64_t M = xc.size(0), K = xc.size(1), P = (n + kPanel - 1) / kPanel;
-  at::Tensor y = at::empty({M, n}, xc.options());
-  if (M == 0 || n == 0) return y;
-  if (K == 0) return bias ? bias->expand({M, n}).contiguous() : y.zero_();  // no k-chunk writes y
-  const float* xp = xc.data_ptr<float>();
-  const float* wp = panels.data_ptr<float>();
-  const float* bp = bias ? bias->data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
+// x [M, K] (contiguous), panels [P, K, 32] of the same type, bias [n] float32 or null, y [M, n] float32.
+template <typename E>
+void multiply(const at::Tensor& x, const at::Tensor& panels, int64_t n, const float* bp, float* yp) {
+  static constexpr auto blocks = block_table<E>(std::make_integer_sequence<int, kMaxBlockRows>{});
+  const int64_t M = x.size(0), K = x.size(1), P = (n + kPanel - 1) / kPanel;
+  const auto* xp = reinterpret_cast<const typename E::T*>(x.data_ptr());
+  const auto* wp = reinterpret_cast<const typename E::T*>(panels.data_ptr());
   // Row blocks of equal size (16 rows: 8 + 8, not 12 + 4): a thin block does few FMAs per load.
   const int64_t nblocks = (M + kMaxBlockRows - 1) / kMaxBlockRows;
   const int64_t block_rows = (M + nblocks - 1) / nblocks;
@@ -101,18 +122,59 @@ at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& panels, int64_t n, 
       for (int64_t row = 0; row < M; row += block_rows) {
         const int64_t rows = std::min(block_rows, M - row);
         const bool prefetch = row == 0 && M > 1;
-        kBlocks[rows - 1](xp + row * K, K, wp + p * K * kPanel, bp ? bp + col : nullptr, yp + row * n + col, n, cols,
-                          prefetch);
+        blocks[rows - 1](xp + row * K, K, wp + p * K * kPanel, bp ? bp + col : nullptr, yp + row * n + col, n, cols,
+                         prefetch);
       }
     }
   });
-  return y;
+}
+
+bool bf16_supported() {
+#ifdef __AVX512BF16__
+  return true;
+#else
+  return false;
+#endif
+}
+
+// x [M, K] float32 or bfloat16, panels [ceil(n / 32), K, 32] of x's type (zero-padded past column
+// n; bfloat16: K even, k pairs side by side), bias [n] of x's type or none. y has x's type; a
+// bfloat16 y is the float32 sum rounded once, as oneDNN's bfloat16 products give it.
+at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& panels, int64_t n, const std::optional<at::Tensor>& bias) {
+  const auto type = x.scalar_type();
+  TORCH_CHECK(x.dim() == 2 && (type == at::kFloat || (type == at::kBFloat16 && bf16_supported())),
+              "small_gemm: x must be [M, K] float32 (or bfloat16 on a CPU with AVX512-BF16)");
+  TORCH_CHECK(panels.dim() == 3 && panels.scalar_type() == type && panels.size(2) == kPanel &&
+                  panels.size(1) == x.size(1) && panels.size(0) * kPanel >= n && panels.is_contiguous(),
+              "small_gemm: panels must be [ceil(n / 32), K, 32] of x's type, contiguous");
+  TORCH_CHECK(type == at::kFloat || x.size(1) % 2 == 0, "small_gemm: bfloat16 needs an even K");
+  TORCH_CHECK(!bias || (bias->scalar_type() == type && bias->numel() == n && bias->is_contiguous()),
+              "small_gemm: bias must be [n] of x's type");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(panels.data_ptr()) % 64 == 0, "small_gemm: panels must be 64-byte aligned");
+  const at::Tensor xc = x.contiguous();
+  const int64_t M = xc.size(0), K = xc.size(1);
+  if (K == 0 || M == 0 || n == 0) {  // no k chunk writes y
+    at::Tensor y = at::zeros({M, n}, xc.options());
+    return bias ? y + *bias : y;
+  }
+  at::Tensor y = at::empty({M, n}, xc.options().dtype(at::kFloat));
+  const std::optional<at::Tensor> b32 = bias ? std::optional<at::Tensor>(bias->to(at::kFloat)) : std::nullopt;
+  const float* bp = b32 ? b32->data_ptr<float>() : nullptr;
+  if (type == at::kFloat) {
+    multiply<F32>(xc, panels, n, bp, y.data_ptr<float>());
+    return y;
+  }
+#ifdef __AVX512BF16__
+  multiply<BF16>(xc, panels, n, bp, y.data_ptr<float>());
+#endif
+  return y.to(at::kBFloat16);
 }
 
 }  // namespace
 
 TORCH_LIBRARY(minedraft_kernels, m) {
   m.def("small_gemm(Tensor x, Tensor panels, int n, Tensor? bias) -> Tensor");
+  m.def("bf16_supported() -> bool", &bf16_supported);
 }
 
 TORCH_LIBRARY_IMPL(minedraft_kernels, CPU, m) {

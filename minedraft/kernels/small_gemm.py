@@ -3,7 +3,8 @@
 At decode and verification sizes (1 to 64 tokens) the weights are far bigger than the cache, and
 oneDNN's and MKL's products cost well above one pass over them (1.2-1.6x this kernel's time on
 SmolLM2's shapes, docs/BENCHMARKS.md, issue 15). `small_gemm.cpp` multiplies every row with one
-panel of W before reading the next. It is built with `-O3 -march=native` on first use (or by
+panel of W before reading the next, in float32, and in bfloat16 where the CPU has AVX512-BF16
+(float32 sums, rounded once). It is built with `-O3 -march=native` on first use (or by
 scripts/install.sh) into the cache folder, for CPUs with AVX-512 only. `MINEDRAFT_SMALL_GEMM=0`
 turns it off. Where it cannot be built (no compiler, a build error) one warning says so and the
 models keep their other paths.
@@ -106,19 +107,33 @@ def build() -> bool:
     return ok
 
 
+def bf16_supported() -> bool:
+    """Whether the built kernel multiplies bfloat16 (its CPU has AVX512-BF16)."""
+    return build() and torch.ops.minedraft_kernels.bf16_supported()
+
+
 def pack(weight: torch.Tensor) -> Packed | None:
     """`weight` ([K, N], the models' [in, out] layout) packed for the kernel; None where the kernel
-    does not apply (not float32 on CPU, or not built)."""
-    if weight.dtype != torch.float32 or weight.device.type != "cpu" or not build():
+    does not apply (not on CPU, not built, a dtype it does not multiply here). bfloat16 panels hold
+    each pair of adjacent k terms side by side ([P, K / 2, 32, 2], viewed as [P, K, 32]), the
+    operand layout of the CPU's bfloat16 dot product."""
+    if weight.device.type != "cpu" or not build():
         return None
     K, N = weight.shape
     padded = F.pad(weight.detach(), (0, -N % PANEL))
-    return Packed(padded.view(K, padded.shape[1] // PANEL, PANEL).transpose(0, 1).contiguous(), weight)
+    P = padded.shape[1] // PANEL
+    if weight.dtype == torch.float32:
+        return Packed(padded.view(K, P, PANEL).transpose(0, 1).contiguous(), weight)
+    if weight.dtype == torch.bfloat16 and K % 2 == 0 and bf16_supported():
+        pairs = padded.view(K // 2, 2, P, PANEL).permute(2, 0, 3, 1).contiguous()
+        return Packed(pairs.view(P, K, PANEL), weight)
+    return None
 
 
 def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] @ W + bias through the kernel for float32 and 1..MAX_ROWS rows, else `x @ dense`."""
-    if x.dtype != torch.float32 or not 0 < x.shape[0] <= MAX_ROWS:
+    """x [M, K] @ W + bias through the kernel for 1..MAX_ROWS rows of the packed dtype, else
+    `x @ dense`."""
+    if x.dtype != packed.panels.dtype or not 0 < x.shape[0] <= MAX_ROWS:
         y = x @ packed.dense
         return y if bias is None else y + bias
     return torch.ops.minedraft_kernels.small_gemm(x, packed.panels, packed.dense.shape[1], bias)

@@ -99,9 +99,10 @@ class Linear(nn.Module):
     """x @ weight + bias, with the weight stored [in, out]: on CPU one row streams this layout
     faster than F.linear's [out, in] (`minedraft bench decode` measures both; docs/BENCHMARKS.md).
     `pack()` also hands the weight to oneDNN in its blocked layout, which multiplies many rows
-    faster (float32) or is the only fast path at all (bfloat16, where the [in, out] copy is dropped),
-    and, in float32, packs it for `kernels.small_gemm`, which multiplies up to 64 rows faster
-    than either (one pass over the weight for all rows; docs/BENCHMARKS.md)."""
+    faster (float32) or is the only fast path at all (bfloat16 without the kernel, where the
+    [in, out] copy is dropped), and packs it for `kernels.small_gemm` (float32; bfloat16 where the
+    CPU has AVX512-BF16), which multiplies a few rows faster than either (one pass over the weight
+    for all rows; docs/BENCHMARKS.md)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
@@ -136,9 +137,8 @@ class Linear(nn.Module):
         it) and, where the small-row kernel applies (float32, built), into its panels. `keep_dense`
         keeps the [in, out] copy, which one row multiplies without the kernel."""
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach().t().contiguous(), None)
-        if keep_dense:
-            self.small = small_gemm.pack(self.weight)
-        else:
+        self.small = small_gemm.pack(self.weight)
+        if not keep_dense and self.small is None:  # (the kernel's Packed holds on to it)
             self.weight = None
 
     @property

@@ -18,6 +18,7 @@ from minedraft.models.llama import Linear
 from minedraft.models.loader import load_model
 
 needs_kernel = pytest.mark.skipif(not small_gemm.build(), reason="small-row GEMM kernel not built on this machine")
+needs_bf16 = pytest.mark.skipif(not small_gemm.bf16_supported(), reason="no bfloat16 kernel on this CPU (AVX512-BF16)")
 
 
 @pytest.fixture
@@ -43,6 +44,43 @@ def test_kernel_equals_f_linear(m, k, n, bias):
     torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5 * k ** 0.5)
 
 
+@needs_bf16
+@pytest.mark.parametrize("m", [1, 2, 4, 5, 8, 12, 13, 40, 64])
+@pytest.mark.parametrize("k,n", [(0, 7), (2, 1), (64, 31), (64, 33), (576, 960), (1536, 65)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_kernel_rounds_the_exact_product_once(m, k, n, bias):
+    """bfloat16 in, float32 sums, one rounding to bfloat16 at the end: within bfloat16's unit
+    roundoff (2**-8 relative) of the exact product of the bfloat16 inputs, plus float32 summation
+    error."""
+    torch.manual_seed(m * 1000 + k + n)
+    x, w = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(k, n, dtype=torch.bfloat16)
+    b = torch.randn(n, dtype=torch.bfloat16) if bias else None
+    packed = small_gemm.pack(w)
+    assert packed.panels.dtype == torch.bfloat16 and packed.panels.shape == (-(-n // small_gemm.PANEL), k, 32)
+    got = small_gemm.linear(x, packed, b)
+    exact = x.double() @ w.double() + (0 if b is None else b.double())
+    assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+    err = (got.double() - exact).abs()
+    assert (err <= exact.abs() * 2 ** -8 + 1e-5 * k).all(), err.max()
+
+
+@needs_bf16
+def test_bf16_odd_k_is_not_packed():
+    assert small_gemm.pack(torch.randn(5, 8, dtype=torch.bfloat16)) is None
+
+
+@needs_kernel
+def test_a_row_gets_the_same_bits_in_any_product():
+    """Each row's sums run in the same order whatever the row count, so a verification of k + 1
+    tokens and a one-token step agree to the bit (as oneDNN's packed products do)."""
+    for dtype in (torch.float32, *((torch.bfloat16,) if small_gemm.bf16_supported() else ())):
+        x, w = torch.randn(40, 576, dtype=dtype), torch.randn(576, 200, dtype=dtype)
+        packed = small_gemm.pack(w)
+        whole = small_gemm.linear(x, packed)
+        for m in (1, 3, 5, 13):
+            assert torch.equal(small_gemm.linear(x[:m], packed), whole[:m])
+
+
 @needs_kernel
 def test_non_contiguous_rows():
     x, w = torch.randn(6, 40).t()[:, :5].t(), torch.randn(40, 48)  # a strided [5, 40] view
@@ -56,11 +94,16 @@ def test_many_rows_take_the_reference_path():
     assert torch.equal(small_gemm.linear(x, small_gemm.pack(w)), x @ w)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
-def test_other_dtypes_take_the_other_paths(tiny_llama, dtype):
-    assert small_gemm.pack(torch.randn(64, 40, dtype=dtype)) is None
-    model = load_model(tiny_llama, dtype, torch.device("cpu"))
+def test_other_dtypes_take_the_other_paths(tiny_llama):
+    assert small_gemm.pack(torch.randn(64, 40, dtype=torch.float64)) is None
+    model = load_model(tiny_llama, torch.float64, torch.device("cpu"))
     assert not any(m.small is not None for m in model.modules() if isinstance(m, Linear))
+
+
+def test_bf16_packs_only_where_the_cpu_multiplies_it(tiny_llama):
+    model = load_model(tiny_llama, torch.bfloat16, torch.device("cpu"))
+    packed = [m.small is not None for m in model.modules() if isinstance(m, Linear)]
+    assert packed and set(packed) == {small_gemm.bf16_supported()}
 
 
 def test_failed_build_warns_once_and_keeps_the_other_paths(monkeypatch, unbuilt):
@@ -124,6 +167,22 @@ def test_greedy_output_unchanged(tiny_llama, tiny_draft, monkeypatch):
     without, linears = outputs()
     assert not any(m.small is not None for m in linears)
     assert without == with_kernel
+
+
+@needs_bf16
+def test_bf16_speculative_greedy_output_equals_the_engines_own(tiny_llama, tiny_draft):
+    """A bfloat16 engine multiplies every product of up to 64 rows through the kernel (prefill,
+    verification, decode); greedy speculative output equals plain decoding's."""
+    prompts = [{"prompt_token_ids": p} for p in ([5, 17, 3, 44, 9, 2, 61], [8], [90, 12, 33] * 4)]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (19, 30, 11)]
+    kwargs = dict(dtype="bfloat16", max_num_seqs=4, max_model_len=96)
+    spec = {"model": str(tiny_draft), "num_speculative_tokens": 4}
+    runs = []
+    for extra in ({}, {"speculative_config": spec}):
+        llm = LLM(str(tiny_llama), **kwargs, **extra)
+        assert all(m.small is not None for m in llm.engine.runner.model.modules() if isinstance(m, Linear))
+        runs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
+    assert runs[1] == runs[0] and all(len(t) == n for t, n in zip(runs[0], (19, 30, 11)))
 
 
 @needs_kernel

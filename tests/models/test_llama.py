@@ -74,17 +74,19 @@ def test_float32_logits_match_transformers_on_smollm2(smollm2_path):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("extra", [{}, {"tie_word_embeddings": True, "attention_bias": True}])
 def test_packed_logits_match_transformers(tmp_path, dtype, extra):
-    """On CPU the loader packs every linear weight for oneDNN (bfloat16 only where the CPU has it);
-    float32 keeps the [in, out] copy and packs for the small-row kernel too. Every path, several
-    rows (prefill: oneDNN; decode: the kernel) and one row, must compute what transformers
-    computes, up to the dtype's rounding."""
+    """On CPU the loader packs every linear weight for oneDNN (bfloat16 only where the CPU has it)
+    and for the small-row kernel where it builds (bfloat16 only with AVX512-BF16); the [in, out]
+    copy stays for float32 and for the kernel. Every path, several rows (prefill: oneDNN or the
+    kernel; decode: the kernel) and one row, must compute what transformers computes, up to the
+    dtype's rounding."""
     folder = save_tiny_checkpoint(tmp_path, "llama", **extra)
     model = load_model(folder, dtype, torch.device("cpu"))
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     if cpu_packing_supported(dtype):
-        assert all(m.packed is not None and (m.weight is not None) == (dtype == torch.float32) for m in linears)
-        # float32: up to 64 rows go through the small-row kernel's panels where it builds
-        assert all((m.small is not None) == (dtype == torch.float32 and small_gemm.build()) for m in linears)
+        kernel = small_gemm.build() and (dtype == torch.float32 or small_gemm.bf16_supported())
+        assert all((m.small is not None) == kernel for m in linears)
+        assert all(m.packed is not None and (m.weight is not None) == (dtype == torch.float32 or kernel)
+                   for m in linears)
     else:
         assert not any(m.packed is not None for m in linears)
     tolerance = 1e-5 if dtype == torch.float32 else 0.05
