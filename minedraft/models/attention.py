@@ -17,6 +17,8 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
+from minedraft.kernels import attention as attention_kernel
+
 
 @dataclass
 class BatchLayout:
@@ -34,6 +36,9 @@ class BatchLayout:
     valid: torch.Tensor | None  # [N] each token's index in the padded B * T layout; None: no padding
     kv_len: int  # keys to attend over in the batched call: max over rows of cached + new tokens
     mask: torch.Tensor | None  # [B, 1, T, kv_len] True where a query may attend; None: attend all (batched)
+    # [B, 3] (slot, tokens cached before, new tokens) when no row brings more than the attention
+    # kernel's MAX_QUERIES: the kernel then takes the whole batch in one call where it applies
+    row_table: torch.Tensor | None = None
 
 
 # Per thread (the server's engine thread, a test's own engine): each forward pass sets its own.
@@ -62,6 +67,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> to
     meta = _layout.get()
     padded, n, H, D = q.shape[0], meta.num_tokens, q.shape[1], q.shape[2]
     k_cache, v_cache = meta.k_cache[layer], meta.v_cache[layer]
+    if meta.row_table is not None and attention_kernel.applies(q):
+        return attention_kernel.cached_attention(q, k, v, k_cache, v_cache, meta.row_table)
     k_cache[meta.write_slots, :, meta.write_pos] = k[:n]
     v_cache[meta.write_slots, :, meta.write_pos] = v[:n]
     q = q[:n]

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minedraft import LLM, SamplingParams
+from minedraft import LLM, SamplingParams, kernels
 from minedraft.engine.model_runner import Row
 from minedraft.kernels import small_gemm
 from minedraft.models.llama import Linear
@@ -23,8 +23,9 @@ needs_bf16 = pytest.mark.skipif(not small_gemm.bf16_supported(), reason="no bflo
 
 @pytest.fixture
 def unbuilt(monkeypatch):
-    """The kernel as if not tried yet in this process (the op itself stays loaded)."""
+    """The kernels as if not tried yet in this process (the ops themselves stay loaded)."""
     monkeypatch.setattr(small_gemm, "_state", {})
+    monkeypatch.setattr(kernels, "_state", {})
 
 
 @needs_kernel
@@ -110,13 +111,13 @@ def test_failed_build_warns_once_and_keeps_the_other_paths(monkeypatch, unbuilt)
     def fail():
         raise RuntimeError("Error building extension 'minedraft_small_gemm'\nmore lines")
 
-    monkeypatch.setattr(small_gemm, "_compile", fail)
+    monkeypatch.setattr(kernels, "_compile", fail)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     layer, other = Linear(64, 40, bias=True), Linear(64, 40, bias=False)
     with torch.no_grad():
         for p in (*layer.parameters(), *other.parameters()):
             torch.nn.init.normal_(p)
-    with pytest.warns(UserWarning, match="building the small-row GEMM kernel failed.*Error building extension"):
+    with pytest.warns(UserWarning, match="building the C\+\+ kernels failed.*Error building extension"):
         layer.pack(keep_dense=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the second layer: no second warning
@@ -128,7 +129,7 @@ def test_failed_build_warns_once_and_keeps_the_other_paths(monkeypatch, unbuilt)
 
 def test_switched_off_builds_nothing(monkeypatch, unbuilt):
     monkeypatch.setenv("MINEDRAFT_SMALL_GEMM", "0")
-    monkeypatch.setattr(small_gemm, "_compile", lambda: pytest.fail("built although switched off"))
+    monkeypatch.setattr(kernels, "_compile", lambda: pytest.fail("built although switched off"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert small_gemm.pack(torch.randn(8, 8)) is None
@@ -138,10 +139,10 @@ def test_switched_off_builds_nothing(monkeypatch, unbuilt):
 def test_a_build_killed_midway_does_not_hang_the_next(tmp_path, monkeypatch):
     """torch leaves its lock file behind when a build is killed; the next build must go ahead."""
     monkeypatch.setenv("MINEDRAFT_CACHE", str(tmp_path))
-    build_dir = small_gemm._build_dir()
+    build_dir = kernels._build_dir()
     build_dir.mkdir(parents=True)
     (build_dir / "lock").touch()
-    code = "from minedraft.kernels import small_gemm; small_gemm._compile()"
+    code = "from minedraft import kernels; kernels._compile()"
     subprocess.run([sys.executable, "-c", code], env=os.environ, timeout=300, check=True)
     assert list(build_dir.glob("*.so")) and not (build_dir / "lock").exists()
 

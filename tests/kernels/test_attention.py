@@ -1,0 +1,104 @@
+"""The attention kernel: the definition of causal attention over the cache (writes included), the
+engine's use of it for decode and verification batches, PyTorch's path for everything else."""
+
+import pytest
+import torch
+
+from minedraft import LLM, SamplingParams, kernels
+from minedraft.engine.model_runner import Row
+from minedraft.kernels import attention as attention_kernel
+
+needs_kernel = pytest.mark.skipif(not kernels.build(), reason="C++ kernels not built on this machine")
+
+
+def reference(q, k, v, k_cache, v_cache, rows):
+    """Causal attention in float64, one query at a time, after writing the new keys and values."""
+    kc, vc = k_cache.double().clone(), v_cache.double().clone()
+    group = q.shape[1] // k.shape[1]
+    out = torch.zeros(q.shape[0], q.shape[1], q.shape[2], dtype=torch.float64)
+    t = 0
+    for slot, start, n in rows.tolist():
+        kc[slot, :, start : start + n] = k[t : t + n].double().transpose(0, 1)
+        vc[slot, :, start : start + n] = v[t : t + n].double().transpose(0, 1)
+        for i in range(n):
+            for h in range(q.shape[1]):
+                keys, values = kc[slot, h // group, : start + i + 1], vc[slot, h // group, : start + i + 1]
+                out[t + i, h] = torch.softmax(keys @ q[t + i, h].double() / q.shape[2] ** 0.5, 0) @ values
+        t += n
+    return out.flatten(1), kc, vc
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 16), (2, 1, 128)])
+@pytest.mark.parametrize("rows", [[[2, 10, 1]], [[0, 0, 5], [3, 44, 6], [1, 7, 1]], [[1, 0, 1], [0, 63, 1]]])
+def test_kernel_equals_the_definition(dtype, tolerance, heads, kv_heads, head_dim, rows):
+    torch.manual_seed(heads * 100 + head_dim + len(rows))
+    rows = torch.tensor(rows)
+    n, padded = int(rows[:, 2].sum()), int(rows[:, 2].sum()) + 3  # padding rows past the real tokens
+    k_cache, v_cache = (torch.randn(4, kv_heads, 64, head_dim).to(dtype) for _ in range(2))
+    q, k, v = (torch.randn(padded, h, head_dim).to(dtype) for h in (heads, kv_heads, kv_heads))
+    want, want_k, want_v = reference(q, k, v, k_cache, v_cache, rows)
+    got = attention_kernel.cached_attention(q, k, v, k_cache, v_cache, rows)
+    assert got.dtype == dtype and got.shape == (padded, heads * head_dim)
+    assert (got[n:] == 0).all()
+    torch.testing.assert_close(got.double(), want, rtol=tolerance, atol=tolerance)
+    assert torch.equal(k_cache.double(), want_k) and torch.equal(v_cache.double(), want_v)
+
+
+@needs_kernel
+def test_bad_rows_are_refused():
+    k_cache = v_cache = torch.zeros(2, 1, 8, 16)
+    q, k = torch.zeros(3, 2, 16), torch.zeros(3, 1, 16)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        attention_kernel.cached_attention(q, k, k, k_cache, v_cache, torch.tensor([[2, 0, 1]]))
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        attention_kernel.cached_attention(q, k, k, k_cache, v_cache, torch.tensor([[0, 6, 3]]))
+    with pytest.raises(RuntimeError, match="more tokens than q"):
+        attention_kernel.cached_attention(q, k, k, k_cache, v_cache, torch.tensor([[0, 0, 2], [1, 0, 2]]))
+
+
+def test_what_it_does_not_take():
+    assert not attention_kernel.applies(torch.zeros(1, 2, 16, dtype=torch.float64))
+    assert not attention_kernel.applies(torch.zeros(1, 2, 24))  # head_dim not a multiple of 16
+
+
+def attention_calls(runner, rows: list[Row]) -> tuple[torch.Tensor, int]:
+    with torch.profiler.profile() as prof:
+        logits = runner.forward(rows)
+    return logits, sum(e.name == "minedraft_kernels::cached_attention" for e in prof.events())
+
+
+@needs_kernel
+def test_engine_batches_take_the_kernel_and_agree_with_pytorch(tiny_llama, monkeypatch):
+    """Decode and verification rows (here 1 and 5 new tokens, slots not evenly spaced) go through
+    one kernel call per layer; a prompt of more than MAX_QUERIES tokens takes PyTorch's path; the
+    logits agree with PyTorch's attention."""
+    with LLM(str(tiny_llama), dtype="float32", max_num_seqs=4, max_model_len=96) as llm:
+        runner = llm.engine.runner
+        layers = runner.model.args.num_layers
+        slots = [runner.cache.allocate() for _ in range(4)]
+        prompt = list(range(3, 3 + attention_kernel.MAX_QUERIES + 1))
+        _, calls = attention_calls(runner, [Row(s, prompt[:n]) for s, n in zip((slots[0], slots[1], slots[3]), (17, 9, 12))])
+        assert calls == 0  # the longest row brings 17 queries
+        lengths = [runner.cache.lengths[s] for s in slots]
+        step = [Row(slots[0], [5], 1), Row(slots[1], [7, 1, 8, 2, 8], 5), Row(slots[3], [9], 1)]
+        logits, calls = attention_calls(runner, step)
+        assert calls == layers
+        for s, n in zip(slots, lengths):
+            runner.cache.truncate(s, n)
+        monkeypatch.setenv("MINEDRAFT_ATTENTION_KERNEL", "0")
+        again, calls = attention_calls(runner, step)
+        assert calls == 0
+        torch.testing.assert_close(logits, again, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_greedy_speculative_output_equals_plain_decoding_with_the_kernel(tiny_llama, tiny_draft):
+    prompts = [{"prompt_token_ids": p} for p in ([5, 17, 3, 44, 9, 2, 61], [8], [90, 12, 33] * 4)]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (19, 30, 11)]
+    kwargs = dict(dtype="float32", max_num_seqs=4, max_model_len=96)
+    spec = {"model": str(tiny_draft), "num_speculative_tokens": 4}
+    runs = [[o.outputs[0].token_ids for o in LLM(str(tiny_llama), **kwargs, **extra).generate(prompts, params, use_tqdm=False)]
+            for extra in ({}, {"speculative_config": spec})]
+    assert runs[0] == runs[1] and [len(t) for t in runs[0]] == [19, 30, 11]
