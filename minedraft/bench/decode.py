@@ -30,7 +30,7 @@ def layout_check(model: torch.nn.Module, repeats: int = 5) -> dict[str, float]:
     our [in, out] layout (`x @ W`) and in F.linear's [out, in] one (why models/llama.py has its own
     Linear), and eight rows in [in, out], through oneDNN's packed weight and through the small-row
     kernel's panels (why float32 keeps them all). Only the layouts the loaded model has: a bfloat16
-    model packed on CPU has neither dense one nor panels."""
+    model packed on CPU without the bfloat16 kernel has neither dense one nor panels."""
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     dense = [m.weight for m in linears if m.weight is not None]
     packed = [m for m in linears if m.packed is not None]
@@ -65,7 +65,8 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 def held_bytes(model: torch.nn.Module) -> int:
     """Bytes of weights the model keeps in memory: every parameter, plus the packed copies of each
-    linear weight that has them (float32 on CPU keeps the dense one, oneDNN's and the kernel's)."""
+    linear weight that has them (float32 on CPU keeps the dense one, oneDNN's and the kernel's;
+    bfloat16 the same where the CPU has AVX512-BF16)."""
     copies = [t for m in model.modules() if isinstance(m, Linear)
               for t in (m.packed, None if m.small is None else m.small.panels) if t is not None]
     return sum(t.numel() * t.element_size() for t in copies) + sum(p.numel() * p.element_size()

@@ -210,11 +210,12 @@ class Decoder(nn.Module):
             torch.empty(args.draft_vocab_size, dtype=torch.long))
 
     def pack(self, keep_dense: bool) -> None:
-        """Pack every linear weight for oneDNN (on CPU). Without the dense copies, a tied embedding
-        keeps its own."""
-        if self.embed is None and not keep_dense:
-            self.embed = nn.Parameter(self.lm_head.weight.detach().t().contiguous(), requires_grad=False)
+        """Pack every linear weight for oneDNN (on CPU). Where the LM head's dense copy goes, a tied
+        embedding keeps its own."""
+        tied = self.lm_head.weight.detach() if self.embed is None else None
         pack_linears(self, keep_dense)
+        if tied is not None and self.lm_head.weight is None:
+            self.embed = nn.Parameter(tied.t().contiguous(), requires_grad=False)
 
     @property
     def input_embedding(self) -> torch.Tensor:

@@ -18,7 +18,8 @@ def test_layout_check_times_the_layouts_the_model_holds(tiny_llama, dtype):
         torch.float64: dense,
         torch.float32: dense + ["oneDNN packed, 8 rows"] * cpu_packing_supported(torch.float32)
         + ["small-row kernel, 8 rows"] * (cpu_packing_supported(torch.float32) and small_gemm.build()),
-        torch.bfloat16: ["oneDNN packed, 8 rows"] if cpu_packing_supported(torch.bfloat16) else dense,
+        torch.bfloat16: (dense + ["oneDNN packed, 8 rows", "small-row kernel, 8 rows"] if small_gemm.bf16_supported()
+                         else ["oneDNN packed, 8 rows"]) if cpu_packing_supported(torch.bfloat16) else dense,
     }[dtype]
     assert list(times) == expected and all(t > 0 for t in times.values())
     # A step reads each linear weight once: the dense copy where one is kept, never both copies.
@@ -26,8 +27,9 @@ def test_layout_check_times_the_layouts_the_model_holds(tiny_llama, dtype):
     one_copy = sum((m.weight if m.weight is not None else m.packed).numel() for m in linears)
     biases_and_norms = sum(p.numel() for n, p in model.named_parameters() if n.endswith(("bias", "norm.weight")))
     assert weight_bytes(model) == (one_copy + biases_and_norms) * torch.finfo(dtype).bits // 8
-    # It holds both copies where it keeps the dense one beside the packed one (float32 on CPU), and
-    # the kernel's panels (float32, each weight's columns padded to a multiple of 32).
+    # It holds both copies where it keeps the dense one beside the packed one (float32 on CPU, and
+    # bfloat16 with the kernel), and the kernel's panels (each weight's columns padded to a
+    # multiple of 32).
     both = sum(m.weight.numel() for m in linears if m.weight is not None and m.packed is not None)
     panels = sum(m.in_features * -(-m.weight.shape[1] // 32) * 32 for m in linears if m.small is not None)
     embedding = model.embed.numel() if model.embed is not None else 0
