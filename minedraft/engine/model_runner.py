@@ -110,20 +110,26 @@ class ModelRunner:
         kv_len = max(kv_lens)
         slots = [r.slot for r in rows]
         slot_t = torch.tensor(slots, device=dev)
-        keys = torch.arange(kv_len, device=dev)
-        # One attention call over a view of evenly spaced slots (consecutive, or every other one as
-        # psd's sub-batches start out) when padding rows to the longest (in keys and in new tokens)
-        # wastes little; otherwise one call per row over its own prefix (no gather copy, no padding).
-        stride = slots[1] - slots[0] if B > 1 else 1
-        spaced = stride > 0 and slots == list(range(slots[0], slots[0] + stride * B, stride))
-        batched = spaced and sum(kv_lens) >= 0.8 * B * kv_len and sum(counts) >= 0.8 * B * T
-        mask = per_row = None
-        if batched and (T > 1 or len(set(starts)) > 1):
-            mask = (keys[None, None, :] <= positions[:, :, None])[:, None]
-        if not batched:
-            firsts = itertools.accumulate(counts[:-1], initial=0)
-            per_row = [(slot, kv, first, n, None if n == 1 else (keys[None, :kv] <= positions[b, :n, None])[None, None])
-                       for b, (slot, kv, first, n) in enumerate(zip(slots, kv_lens, firsts, counts))]
+        # Decode and verification rows: the attention kernel takes the whole batch in one call per
+        # layer and needs no masks. Otherwise one PyTorch call over a view of evenly spaced slots
+        # (consecutive, or every other one as psd's sub-batches start out) when padding rows to the
+        # longest (in keys and in new tokens) wastes little, else one call per row over its own
+        # prefix (no gather copy, no padding).
+        kernel = T <= attention_kernel.MAX_QUERIES and attention_kernel.applies(
+            self.cache.k.dtype, self.cache.k.shape[-1], dev)
+        batched, mask, per_row = False, None, None
+        if not kernel:
+            keys = torch.arange(kv_len, device=dev)
+            stride = slots[1] - slots[0] if B > 1 else 1
+            spaced = stride > 0 and slots == list(range(slots[0], slots[0] + stride * B, stride))
+            batched = spaced and sum(kv_lens) >= 0.8 * B * kv_len and sum(counts) >= 0.8 * B * T
+            if batched and (T > 1 or len(set(starts)) > 1):
+                mask = (keys[None, None, :] <= positions[:, :, None])[:, None]
+            if not batched:
+                firsts = itertools.accumulate(counts[:-1], initial=0)
+                per_row = [(slot, kv, first, n,
+                            None if n == 1 else (keys[None, :kv] <= positions[b, :n, None])[None, None])
+                           for b, (slot, kv, first, n) in enumerate(zip(slots, kv_lens, firsts, counts))]
         token_pos = positions[real]
         layout = BatchLayout(
             k_cache=self.cache.k,
@@ -137,8 +143,7 @@ class ModelRunner:
             valid=None if all(n == T for n in counts) else real.flatten().nonzero().squeeze(1),
             kv_len=kv_len,
             mask=mask,
-            row_table=torch.tensor([[s, start, n] for s, start, n in zip(slots, starts, counts)])
-            if T <= attention_kernel.MAX_QUERIES and dev.type == "cpu" else None,
+            row_table=torch.tensor([[s, start, n] for s, start, n in zip(slots, starts, counts)]) if kernel else None,
         )
         ends = itertools.accumulate(counts)
         logit_index = torch.tensor(

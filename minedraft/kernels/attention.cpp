@@ -2,7 +2,7 @@
 //
 // A decode step or a verification brings 1 to a few queries per row, each over a few hundred
 // cached keys: a few thousand multiply-adds per head, which PyTorch's attention (flash attention
-// on CPU) wraps in far more fixed cost per call (0.2-0.7 ms per layer per step here,
+// on CPU) wraps in more fixed cost per call (1.2-2.4x this kernel's time on SmolLM2's layers,
 // docs/BENCHMARKS.md). This writes the new keys and values into the cache and attends each query
 // over its row's prefix in one call for the whole batch: one pass over each key and value per
 // query head, float32 sums, a row's bits independent of the other rows.
@@ -34,7 +34,7 @@ inline void store(at::BFloat16* p, __m512 x) {
 
 // e^x for x <= 0 (scores less their maximum), to about 1e-7 relative: x = (n + f) ln 2 with n an
 // integer and |f| <= 1/2, e^(f ln 2) by its Taylor series to degree 7 (the rest is below 1e-9),
-// times 2^n. Sixteen at a time, where std::exp took a third of a decode row's attention.
+// times 2^n. Sixteen at a time: with std::exp a call took 1.3-1.5x as long (docs/BENCHMARKS.md).
 inline __m512 exp_nonpositive(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));  // e^-87 is about float32's smallest normal
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
@@ -97,9 +97,11 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tens
         std::copy(vp + src, vp + src + D, vc + dst);
       }
   }
+  int64_t longest = 0;  // keys of the longest row: what a query's scores need at most
+  for (int64_t b = 0; b < B; ++b) longest = std::max(longest, rows[b * 3 + 1] + rows[b * 3 + 2]);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(L);
+    std::vector<float> scores(longest);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H, slot = rows[b * 3], start = rows[b * 3 + 1];
       const T* K = kc + (slot * Hkv + h / group) * L * D;

@@ -1,6 +1,6 @@
 """Attention of a few new tokens per row over the KV cache through `attention.cpp`: a decode step
 or a verification attends each row's queries over its prefix in one call for the whole batch,
-where PyTorch's attention costs 0.2-0.7 ms per call and layer (docs/BENCHMARKS.md, issue 15).
+in 0.4-0.8x the time of PyTorch's attention (docs/BENCHMARKS.md, issue 15).
 float32 and bfloat16, head sizes that are multiples of 16; `MINEDRAFT_ATTENTION_KERNEL=0` turns
 it off."""
 
@@ -19,10 +19,11 @@ def enabled() -> bool:
     return os.environ.get("MINEDRAFT_ATTENTION_KERNEL", "1") != "0"
 
 
-def applies(q: torch.Tensor) -> bool:
-    """Whether the kernel takes these queries ([N, H, D])."""
-    return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16) and q.shape[-1] % 16 == 0
-            and q.shape[-1] <= 256 and enabled() and kernels.build())
+def applies(dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
+    """Whether the kernel takes a model's attention (asked once per forward pass, so that the
+    switch holds from the next step)."""
+    return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and head_dim % 16 == 0
+            and head_dim <= 256 and enabled() and kernels.build())
 
 
 def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

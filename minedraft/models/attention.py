@@ -36,8 +36,8 @@ class BatchLayout:
     valid: torch.Tensor | None  # [N] each token's index in the padded B * T layout; None: no padding
     kv_len: int  # keys to attend over in the batched call: max over rows of cached + new tokens
     mask: torch.Tensor | None  # [B, 1, T, kv_len] True where a query may attend; None: attend all (batched)
-    # [B, 3] (slot, tokens cached before, new tokens) when no row brings more than the attention
-    # kernel's MAX_QUERIES: the kernel then takes the whole batch in one call where it applies
+    # [B, 3] (slot, tokens cached before, new tokens): the attention kernel takes the whole batch
+    # (rows, per_row and mask are then unset); None: PyTorch's attention, as the fields above say
     row_table: torch.Tensor | None = None
 
 
@@ -67,7 +67,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> to
     meta = _layout.get()
     padded, n, H, D = q.shape[0], meta.num_tokens, q.shape[1], q.shape[2]
     k_cache, v_cache = meta.k_cache[layer], meta.v_cache[layer]
-    if meta.row_table is not None and attention_kernel.applies(q):
+    if meta.row_table is not None:
         return attention_kernel.cached_attention(q, k, v, k_cache, v_cache, meta.row_table)
     k_cache[meta.write_slots, :, meta.write_pos] = k[:n]
     v_cache[meta.write_slots, :, meta.write_pos] = v[:n]

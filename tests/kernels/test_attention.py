@@ -7,6 +7,8 @@ import torch
 from minedraft import LLM, SamplingParams, kernels
 from minedraft.engine.model_runner import Row
 from minedraft.kernels import attention as attention_kernel
+from minedraft.kernels import small_gemm
+from minedraft.models.llama import Linear
 
 needs_kernel = pytest.mark.skipif(not kernels.build(), reason="C++ kernels not built on this machine")
 
@@ -59,8 +61,10 @@ def test_bad_rows_are_refused():
 
 
 def test_what_it_does_not_take():
-    assert not attention_kernel.applies(torch.zeros(1, 2, 16, dtype=torch.float64))
-    assert not attention_kernel.applies(torch.zeros(1, 2, 24))  # head_dim not a multiple of 16
+    cpu = torch.device("cpu")
+    assert not attention_kernel.applies(torch.float64, 16, cpu)
+    assert not attention_kernel.applies(torch.float32, 24, cpu)  # head_dim not a multiple of 16
+    assert not attention_kernel.applies(torch.float32, 16, torch.device("meta"))
 
 
 def attention_calls(runner, rows: list[Row]) -> tuple[torch.Tensor, int]:
@@ -94,11 +98,20 @@ def test_engine_batches_take_the_kernel_and_agree_with_pytorch(tiny_llama, monke
 
 
 @needs_kernel
-def test_greedy_speculative_output_equals_plain_decoding_with_the_kernel(tiny_llama, tiny_draft):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_greedy_speculative_output_equals_plain_decoding_with_the_kernels(tiny_llama, tiny_draft, dtype):
+    """Every product of up to 64 rows (prefill, verification, decode) through the small-row kernel
+    and every decode or verification batch through the attention kernel: greedy speculative output
+    equals plain decoding's, in float32 and, where the CPU multiplies it, bfloat16."""
+    if dtype == "bfloat16" and not small_gemm.bf16_supported():
+        pytest.skip("no bfloat16 kernel on this CPU (AVX512-BF16)")
     prompts = [{"prompt_token_ids": p} for p in ([5, 17, 3, 44, 9, 2, 61], [8], [90, 12, 33] * 4)]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (19, 30, 11)]
-    kwargs = dict(dtype="float32", max_num_seqs=4, max_model_len=96)
+    kwargs = dict(dtype=dtype, max_num_seqs=4, max_model_len=96)
     spec = {"model": str(tiny_draft), "num_speculative_tokens": 4}
-    runs = [[o.outputs[0].token_ids for o in LLM(str(tiny_llama), **kwargs, **extra).generate(prompts, params, use_tqdm=False)]
-            for extra in ({}, {"speculative_config": spec})]
-    assert runs[0] == runs[1] and [len(t) for t in runs[0]] == [19, 30, 11]
+    runs = []
+    for extra in ({}, {"speculative_config": spec}):
+        llm = LLM(str(tiny_llama), **kwargs, **extra)
+        assert all(m.small is not None for m in llm.engine.runner.model.modules() if isinstance(m, Linear))
+        runs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
+    assert runs[1] == runs[0] and [len(t) for t in runs[0]] == [19, 30, 11]

@@ -170,22 +170,6 @@ def test_greedy_output_unchanged(tiny_llama, tiny_draft, monkeypatch):
     assert without == with_kernel
 
 
-@needs_bf16
-def test_bf16_speculative_greedy_output_equals_the_engines_own(tiny_llama, tiny_draft):
-    """A bfloat16 engine multiplies every product of up to 64 rows through the kernel (prefill,
-    verification, decode); greedy speculative output equals plain decoding's."""
-    prompts = [{"prompt_token_ids": p} for p in ([5, 17, 3, 44, 9, 2, 61], [8], [90, 12, 33] * 4)]
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (19, 30, 11)]
-    kwargs = dict(dtype="bfloat16", max_num_seqs=4, max_model_len=96)
-    spec = {"model": str(tiny_draft), "num_speculative_tokens": 4}
-    runs = []
-    for extra in ({}, {"speculative_config": spec}):
-        llm = LLM(str(tiny_llama), **kwargs, **extra)
-        assert all(m.small is not None for m in llm.engine.runner.model.modules() if isinstance(m, Linear))
-        runs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
-    assert runs[1] == runs[0] and all(len(t) == n for t, n in zip(runs[0], (19, 30, 11)))
-
-
 @needs_kernel
 def test_compiled_graphs_call_the_kernel_above_four_rows(tiny_llama):
     """A graph for 8 tokens multiplies through the kernel (Inductor's templates are slow there);
