@@ -10,6 +10,7 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -58,32 +59,46 @@ def worker_main(args: WorkerArgs) -> None:
     pin(args.cpus)
     channel = Channel(args.init_method, DRAFTER, timeout_s=24 * 3600)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    proposer = make_proposer(args, device, dtype)
-    mirrors: dict[int, Sequence] = {}
-    default_gen = make_generator(args.seed)
+    drafter = Drafter(make_proposer(args, device, dtype), make_generator(args.seed), channel.send)
     channel.send({"ready": True})
-    while True:
-        header, tensors = channel.recv()
+    while drafter.handle(*channel.recv()):
+        pass
+
+
+class Drafter:
+    """The worker's state between messages: the proposer, a mirror of each sequence, and where
+    answers go (`send(header, tensors)`)."""
+
+    def __init__(self, proposer: Proposer, default_gen: torch.Generator, send: Callable[..., None]):
+        self.proposer = proposer
+        self.default_gen = default_gen
+        self.send = send
+        self.mirrors: dict[int, Sequence] = {}
+
+    def handle(self, header: dict, tensors: list[torch.Tensor]) -> bool:
+        """Act on one message of the engine's; False once told to stop."""
+        proposer = self.proposer
         for seq_id in header.get("release", ()):
-            if seq_id in mirrors:
-                proposer.release(mirrors.pop(seq_id))
+            if seq_id in self.mirrors:
+                proposer.release(self.mirrors.pop(seq_id))
         op = header["op"]
         if op == "stop":
-            break
+            return False
         if op == "stats":
-            channel.send({"free_slots": proposer.free_slots(), "sequences": len(mirrors),
-                          "tokens": sum(len(seq) for seq in mirrors.values())})
-            continue
+            self.send({"free_slots": proposer.free_slots(), "sequences": len(self.mirrors),
+                       "tokens": sum(len(seq) for seq in self.mirrors.values())})
+            return True
         start = time.time()
         items = header.get("prefill", []) + header.get("seqs", [])
         states = iter(tensors[0].split([span[1] for *_, span in items if span]) if tensors else ())
-        seqs = [update_mirror(mirrors, item, proposer, states) for item in items]
-        prefilled = seqs[: len(header.get("prefill", []))]
-        if prefilled:
-            proposer.prefill(prefilled, [len(seq) for seq in prefilled])
+        seqs = [update_mirror(self.mirrors, item, proposer, states) for item in items]
+        prefilled, seqs = seqs[: len(header.get("prefill", []))], seqs[len(header.get("prefill", [])) :]
+        # A prompt drafted for in this message is prefilled first; the others once the drafts are
+        # sent, while the target verifies them, so that prompts never lengthen a drafting step.
+        drafted = {seq.seq_id for seq in seqs} if op == "draft" else set()
+        prefill(proposer, [seq for seq in prefilled if seq.seq_id in drafted])
         if op == "draft":
-            seqs = seqs[len(prefilled) :]
-            gens = [None if seq.params.greedy else seq.generator or default_gen for seq in seqs]
+            gens = [None if seq.params.greedy else seq.generator or self.default_gen for seq in seqs]
             drafts, dists = proposer.propose(seqs, header["num_tokens"], gens, header.get("capacity"))
             # Sampled rows' distributions as drafted: compact ones travel as probabilities over
             # their support (a reduced vocabulary once, or each row's top-k / top-p survivors).
@@ -91,7 +106,14 @@ def worker_main(args: WorkerArgs) -> None:
             q = Dist.cat(sampled) if sampled else None
             tensors = [] if q is None else [q.probs] if q.ids is None else [q.probs, q.ids]
             answer = {"drafts": drafts, "vocab": None if q is None else q.vocab, "start": start, "end": time.time()}
-            channel.send(answer, tensors)
+            self.send(answer, tensors)
+        prefill(proposer, [seq for seq in prefilled if seq.seq_id not in drafted])
+        return True
+
+
+def prefill(proposer: Proposer, seqs: list[Sequence]) -> None:
+    if seqs:
+        proposer.prefill(seqs, [len(seq) for seq in seqs])
 
 
 def update_mirror(mirrors: dict[int, Sequence], item: list, proposer: Proposer, states) -> Sequence:
