@@ -50,7 +50,10 @@ class SpeculativeConfig:
 
     - neither `draft_device` nor `parallel`: standard SD, drafter in the engine's process;
     - `draft_device` without `parallel`: the drafter in its own process, strictly draft-then-verify;
-    - `parallel: true`: batch parallel SD (PSD), drafter in its own process, overlapped.
+    - `parallel: true`: batch parallel SD (PSD), drafter in its own process, overlapped; with
+      `"overlap": "auto"` only while overlapping is quicker than drafting and verifying the whole
+      batch in turn (engine/overlap.py), else as the drafter-in-its-own-process SD (default
+      "always": every step overlaps, the paper's schedule).
     On CPU the engine's process takes `target_cpus` and the drafter `draft_cpus` (default: core 0
     and core 1). `rendezvous` is the torch.distributed address ("tcp://host:port"; default: a free
     local port); `draft_timeout_s` bounds the wait for drafts before the drafter counts as failed.
@@ -60,6 +63,7 @@ class SpeculativeConfig:
     method: str | None = None  # None: "eagle3" if `model` is an EAGLE-3 head, else "draft_model"
     model: str | None = None
     parallel: bool = False
+    overlap: str = "always"  # psd: "always", or "auto" (engine.overlap)
     draft_device: str | None = None
     target_cpus: list[int] | None = None
     draft_cpus: list[int] | None = None
@@ -76,7 +80,7 @@ class SpeculativeConfig:
     tetris_capacity: int = 0
     model_path: Path | None = field(init=False)  # None for ngram; a .gguf file until resolve_checkpoints()
 
-    KEYS = ("method", "model", "num_speculative_tokens", "parallel", "draft_device", "target_cpus",
+    KEYS = ("method", "model", "num_speculative_tokens", "parallel", "overlap", "draft_device", "target_cpus",
             "draft_cpus", "rendezvous", "draft_timeout_s", "prompt_lookup_min", "prompt_lookup_max",
             "prompt_lookup_first", "tetris", "tetris_extra_proposals", "tetris_capacity")
 
@@ -155,6 +159,10 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config prompt_lookup_first must be true or false, got {self.prompt_lookup_first!r}")
         self._validate_lookup_sizes()
         self._validate_tetris()
+        if self.overlap not in ("always", "auto"):
+            raise ValueError(f"speculative_config overlap must be 'always' or 'auto', got {self.overlap!r}")
+        if self.overlap == "auto" and not self.parallel:
+            raise ValueError("speculative_config overlap 'auto' applies to psd only: set 'parallel': true")
         if self.method not in (None, "draft_model", "eagle3", "ngram"):
             raise ValueError(f"speculative_config method must be 'draft_model', 'eagle3' or 'ngram', got {self.method!r}")
         if self.method == "ngram":

@@ -6,7 +6,7 @@
 #   bash scripts/serve_sweep.sh OUT_DIR "VARIANT=SERVE_FLAGS" ["VARIANT=SERVE_FLAGS" ...]
 #   e.g. bash scripts/serve_sweep.sh /tmp/sweep "paced=" "unpaced=--prefill-stall-ratio none"
 #
-# Environment: MODES (default "ar sd psd"), RATES (default "0.25 0.5 1.0"), NUM_PROMPTS (16),
+# Environment: MODES (default "ar sd psd"; also psd-auto), RATES (default "0.25 0.5 1.0"), NUM_PROMPTS (16),
 # OUTPUT_LEN (64), K (2), PORT (8031), PYTHON (.venv/bin/python). One JSON per cell in OUT_DIR;
 # `python scripts/serve_table.py OUT_DIR` prints the table. Variants of one mode run back to back,
 # so a comparison is side by side. PYTHON_<VARIANT> runs that variant's server with another
@@ -25,10 +25,14 @@ for mode in ${MODES:-ar sd psd}; do
     ar) spec=() ;;
     sd) spec=(--speculative-config "{\"num_speculative_tokens\": $k}") ;;
     psd) spec=(--speculative-config "{\"num_speculative_tokens\": $k, \"parallel\": true}") ;;
+    psd-auto) spec=(--speculative-config "{\"num_speculative_tokens\": $k, \"parallel\": true, \"overlap\": \"auto\"}") ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;
   esac
   for variant in "$@"; do
     name=${variant%%=*}; flags=${variant#*=}
+    if curl -sf "http://127.0.0.1:$port/health" > /dev/null; then
+      echo "port $port already serves: stop that server (or set PORT)" >&2; exit 1
+    fi
     py_var=PYTHON_$name env_var=ENV_$name
     # shellcheck disable=SC2086  # the variant's flags and environment are words
     env ${!env_var:-} taskset -c 0 "${!py_var:-$py}" -m minedraft.cli serve --port "$port" --max-num-seqs 16 --num-threads 1 \

@@ -5,6 +5,7 @@ Modes (CPU placement on this 2-core kind of machine):
   sd         standard SD, drafter in the target's process on core 0
   sd-remote  drafter in its own process on core 1, strictly draft-then-verify
   psd        drafter in its own process on core 1, two sub-batches overlapped
+  psd-auto   psd with "overlap": "auto": sub-batches merged while overlapping would be slower
   sd-2t      standard SD with both cores (two threads): the equal-resources baseline
   sd-tetris, psd-tetris  sd and psd with TETRIS ("tetris": true): rows draft k + e tokens and the
              (sub-)batch verifies the k x rows most promising prefixes
@@ -33,7 +34,7 @@ from minedraft.engine.sequence import RequestOutput
 from minedraft.theory import (acceptance_by_position, expected_tokens_by_position, mean_step_seconds, psd_speedup,
                               psd_speedup_equal_concurrency)
 
-MODES = ("ar", "sd", "sd-remote", "psd", "sd-2t", "sd-tetris", "psd-tetris", "hf")
+MODES = ("ar", "sd", "sd-remote", "psd", "psd-auto", "sd-2t", "sd-tetris", "psd-tetris", "hf")
 
 
 def placement(mode: str) -> tuple[list[int], dict | None]:
@@ -48,6 +49,7 @@ def placement(mode: str) -> tuple[list[int], dict | None]:
         "sd": (target, {}),
         "sd-remote": (target, {"draft_device": "cpu", "target_cpus": target, "draft_cpus": draft}),
         "psd": (target, {"parallel": True, "target_cpus": target, "draft_cpus": draft}),
+        "psd-auto": (target, {"parallel": True, "overlap": "auto", "target_cpus": target, "draft_cpus": draft}),
         "sd-2t": (cores[:2], {}),
         "hf": (target, {}),
     }[mode]

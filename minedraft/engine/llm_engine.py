@@ -12,6 +12,7 @@ from minedraft.engine.batch_manager import BatchManager
 from minedraft.engine.input_processor import InputProcessor
 from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.engine.output_processor import OutputProcessor
+from minedraft.engine.overlap import OverlapPolicy
 from minedraft.engine.scheduler import Scheduler
 from minedraft.engine.sequence import RequestOutput, Sequence, Status
 from minedraft.models.loader import eos_token_ids, load_model
@@ -52,6 +53,7 @@ class LLMEngine:
         layers = () if self.proposer is None else self.proposer.aux_layers
         self.runner.warm_up("compiling the target", **({"aux_layers": layers} if layers else {}))
         self.batches = BatchManager() if self.proposer is not None and spec.parallel else None
+        self.overlap = OverlapPolicy() if self.batches is not None and spec.overlap == "auto" else None
         self.draft_length = self._controller()
         self.trace: list[dict] | None = [] if config.trace else None
         self.scheduler = Scheduler(self.runner.cache, config.max_num_batched_tokens, config.enable_chunked_prefill,
@@ -160,7 +162,7 @@ class LLMEngine:
                 self._decode(seqs, chunks)
             elif self.draft_length is not None and self.draft_length.k == 0:
                 self._undrafted_step(seqs, chunks)
-            elif self.batches is not None:
+            elif self.batches is not None and self._overlaps(seqs):
                 seqs = self._parallel_step(seqs, chunks)
             else:
                 self._speculate(seqs, chunks)
@@ -199,7 +201,7 @@ class LLMEngine:
         if self.proposer is not None:
             self.proposer.close(graceful=False)
         self.proposer = None
-        self.batches = None
+        self.batches = self.overlap = None
 
     @contextmanager
     def _isolated(self, seq: Sequence):
@@ -336,12 +338,24 @@ class LLMEngine:
         batches.rebalance(self.scheduler.running, x)
         return verified
 
-    def _undrafted_step(self, seqs: list[Sequence], chunks: list[tuple[Sequence, int]]) -> None:
-        """"auto" chose k = 0: a plain decode step over every running sequence (in psd, both
-        sub-batches; drafts still in flight are collected and dropped), timed for the controller."""
+    def _overlaps(self, seqs: list[Sequence]) -> bool:
+        """psd: whether this step overlaps its sub-batches; if not ("overlap": "auto" found it
+        slower), it drafts and verifies every running sequence as sd does, and drafts still in
+        flight are dropped."""
+        if self.overlap is None or self.overlap.overlap(len(seqs), len(seqs) * (self._k() + 1)):
+            return True
+        self._drop_drafts_in_flight()
+        return False
+
+    def _drop_drafts_in_flight(self) -> None:
         if self.batches is not None and self.batches.in_flight is not None:
             self.proposer.collect()
             self.batches.in_flight = None
+
+    def _undrafted_step(self, seqs: list[Sequence], chunks: list[tuple[Sequence, int]]) -> None:
+        """"auto" chose k = 0: a plain decode step over every running sequence (in psd, both
+        sub-batches; drafts still in flight are collected and dropped), timed for the controller."""
+        self._drop_drafts_in_flight()
         start = time.time()
         self._decode(seqs, chunks)
         if not chunks:  # the controller learns what verification costs: prompt tokens would skew it
@@ -350,6 +364,8 @@ class LLMEngine:
     def _drafted(self, drafts: list[list[int]], start: float, end: float) -> None:
         if self.draft_length is not None:
             self.draft_length.observe_draft(end - start, max(map(len, drafts), default=0))
+        if self.overlap is not None and drafts:
+            self.overlap.observe_draft(len(drafts), end - start)
 
     def _submit(self, seqs: list[Sequence]) -> None:
         self.proposer.submit(seqs, [self._draft_len(s) for s in seqs], self._capacity(seqs))
@@ -381,6 +397,8 @@ class LLMEngine:
         end = time.time()
         if self.draft_length is not None and not chunks:
             self.draft_length.observe_verify(end - start, max(drafted), list(zip(drafted, accepted)))
+        if self.overlap is not None:
+            self.overlap.observe_verify(sum(drafted) + len(seqs) + sum(n for _, n in chunks), end - start)
         self._event("verify", group, len(seqs), start, end, drafted=drafted, accepted=accepted,
                     **_prompt_tokens(chunks))
 

@@ -131,6 +131,48 @@ def test_one_request_falls_back_to_standard_sd(tiny_llama, tiny_draft, expected)
         assert metrics["num_steps"] > 0 and metrics["num_overlapped_steps"] == 0
 
 
+class Scripted:
+    """Stands in for the engine's OverlapPolicy: overlap for `run` steps, then merge for `run`."""
+
+    def __init__(self, run: int):
+        self.run, self.steps, self.merged = run, 0, 0
+
+    def overlap(self, rows: int, tokens: int) -> bool:
+        self.steps += 1
+        overlap = (self.steps // self.run) % 2 == 0
+        self.merged += not overlap
+        return overlap
+
+    def observe_verify(self, tokens: int, seconds: float) -> None:
+        pass
+
+    def observe_draft(self, rows: int, seconds: float) -> None:
+        pass
+
+
+@pytest.mark.parametrize("k,chunk", [(3, None), (2, 4), ("auto", None)])
+def test_greedy_psd_that_merges_its_sub_batches_at_times_equals_ar(tiny_llama, tiny_draft, expected, k, chunk):
+    """"overlap": "auto" switches between overlapped and merged steps (drafts in flight dropped at
+    each switch to merged); the output stays the target's and every slot is freed."""
+    with make(tiny_llama, tiny_draft, k=k, chunk=chunk, overlap="auto") as llm:
+        engine = llm.engine
+        engine.overlap = Scripted(run=3)
+        outs = run_staggered(llm, abort_index=2)
+        assert sorted(outs) == [0, 1, 3, 4, 5]
+        for i, out in outs.items():
+            assert out.token_ids == expected[i], i
+        assert engine.overlap.merged > 0 and llm.get_metrics()["num_overlapped_steps"] > 0
+        assert_all_free(llm)
+
+
+def test_overlap_auto_learns_from_the_steps(tiny_llama, tiny_draft, expected):
+    with make(tiny_llama, tiny_draft, overlap="auto") as llm:
+        outs = run_staggered(llm)
+        assert [outs[i].token_ids for i in range(len(PROMPTS))] == expected
+        policy = llm.engine.overlap
+        assert policy.verify.w > 0 and policy.draft.w > 0
+
+
 def test_sequential_remote_drafter_equals_ar(tiny_llama, tiny_draft, expected):
     with make(tiny_llama, tiny_draft, parallel=False, draft_device="cpu") as llm:
         outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], [greedy(n) for n in LENGTHS], use_tqdm=False)
@@ -165,6 +207,8 @@ def test_frozen_drafter_times_out_and_requests_complete(tiny_llama, tiny_draft, 
     ({"draft_cpus": [0]}, "own process"),
     ({"draft_device": "cuda:7"}, "CUDA"),
     ({"parallel": "yes"}, "parallel"),
+    ({"overlap": "auto"}, "overlap 'auto' applies to psd only"),
+    ({"parallel": True, "overlap": "sometimes"}, "overlap must be"),
 ])
 def test_bad_placement_is_named(tiny_llama, placement, message):
     with pytest.raises(ValueError, match=message):
