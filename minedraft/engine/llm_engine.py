@@ -297,7 +297,9 @@ class LLMEngine:
         return (spec.tetris_capacity or self._k() * len(seqs)) if spec.tetris else None
 
     def _speculate(self, seqs: list[Sequence], chunks: list[tuple[Sequence, int]]) -> None:
-        """Standard SD: draft for every running sequence, then verify them all."""
+        """Standard SD: draft for every running sequence, then verify them all (psd's merged
+        step: a sub-batch's drafts still in flight are dropped first)."""
+        self._drop_drafts_in_flight()
         gens = [self._sampling_generator(s) for s in seqs]
         start = time.time()
         drafts, dists = self.proposer.propose(seqs, [self._draft_len(s) for s in seqs], gens, self._capacity(seqs))
@@ -340,12 +342,12 @@ class LLMEngine:
 
     def _overlaps(self, seqs: list[Sequence]) -> bool:
         """psd: whether this step overlaps its sub-batches; if not ("overlap": "auto" found it
-        slower), it drafts and verifies every running sequence as sd does, and drafts still in
-        flight are dropped."""
-        if self.overlap is None or self.overlap.overlap(len(seqs), len(seqs) * (self._k() + 1)):
-            return True
-        self._drop_drafts_in_flight()
-        return False
+        slower), it drafts and verifies every running sequence as sd does. "auto" k is told which
+        schedule its step time follows."""
+        overlap = self.overlap is None or self.overlap.overlap(len(seqs), len(seqs) * (self._k() + 1))
+        if self.draft_length is not None:
+            self.draft_length.parallel = overlap
+        return overlap
 
     def _drop_drafts_in_flight(self) -> None:
         if self.batches is not None and self.batches.in_flight is not None:

@@ -35,6 +35,7 @@ class DraftLengthController:
 
     def __init__(self, parallel: bool, max_k: int = AUTO_MAX_K, start_k: int = 2, decay: float = 0.9,
                  explore_every: int = 8, max_interval: int = 64):
+        # Whether the next step overlaps (psd); with "overlap": "auto" the engine sets it each step.
         self.parallel, self.max_k, self.decay = parallel, max_k, decay
         self.k = start_k
         self.explore_every, self.max_interval = explore_every, max_interval

@@ -92,7 +92,8 @@ class Drafter:
         items = header.get("prefill", []) + header.get("seqs", [])
         states = iter(tensors[0].split([span[1] for *_, span in items if span]) if tensors else ())
         seqs = [update_mirror(self.mirrors, item, proposer, states) for item in items]
-        prefilled, seqs = seqs[: len(header.get("prefill", []))], seqs[len(header.get("prefill", [])) :]
+        split = len(header.get("prefill", []))
+        prefilled, seqs = seqs[:split], seqs[split:]
         # A prompt drafted for in this message is prefilled first; the others once the drafts are
         # sent, while the target verifies them, so that prompts never lengthen a drafting step.
         drafted = {seq.seq_id for seq in seqs} if op == "draft" else set()

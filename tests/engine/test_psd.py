@@ -157,11 +157,22 @@ def test_greedy_psd_that_merges_its_sub_batches_at_times_equals_ar(tiny_llama, t
     with make(tiny_llama, tiny_draft, k=k, chunk=chunk, overlap="auto") as llm:
         engine = llm.engine
         engine.overlap = Scripted(run=3)
+        decide, schedules = engine._overlaps, []
+
+        def spy(seqs):  # each step's schedule, and the one "auto" k's step-time model then assumes
+            overlap = decide(seqs)
+            schedules.append((overlap, engine.draft_length and engine.draft_length.parallel))
+            return overlap
+
+        engine._overlaps = spy
         outs = run_staggered(llm, abort_index=2)
         assert sorted(outs) == [0, 1, 3, 4, 5]
         for i, out in outs.items():
             assert out.token_ids == expected[i], i
         assert engine.overlap.merged > 0 and llm.get_metrics()["num_overlapped_steps"] > 0
+        if k == "auto":
+            assert {overlap for overlap, _ in schedules} == {True, False}
+            assert all(overlap == parallel for overlap, parallel in schedules)
         assert_all_free(llm)
 
 
