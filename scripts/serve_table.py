@@ -5,16 +5,22 @@ import sys
 from pathlib import Path
 
 
-def main(folder: Path) -> None:
-    print("| mode | variant | rate | req/s | out tok/s | TTFT p50 / p99 ms | ITL p50 / p99 / max ms | ITL p99/p50 "
-          "| goodput share |\n|---|---|---|---|---|---|---|---|---|")
-    for path in sorted(folder.glob("*.json"), key=lambda p: (p.stem.split("_")[0], p.stem.split("_")[1],
-                                                             float(p.stem.split("_")[2]))):
+def cells(folder: Path) -> list[tuple[str, str, float, dict]]:
+    """(mode, variant, rate, bench serve's figures) per MODE_VARIANT_RATE.json, in that order."""
+    found = []
+    for path in folder.glob("*.json"):
         mode, variant, rate = path.stem.split("_")
-        f = json.loads(path.read_text())["figures"]
+        found.append((mode, variant, float(rate), json.loads(path.read_text())["figures"]))
+    return sorted(found, key=lambda cell: cell[:3])
+
+
+def main(folder: Path) -> None:
+    print("| mode | variant | rate | req/s | out tok/s | TTFT p50 / p99 ms | TPOT p50 ms | ITL p50 / p99 / max ms "
+          "| ITL p99/p50 | goodput share |\n|---|---|---|---|---|---|---|---|---|---|")
+    for mode, variant, rate, f in cells(folder):
         share = "-" if f.get("goodput_share") is None else f"{f['goodput_share']:.2f}"
-        print(f"| {mode} | {variant} | {rate} | {f['requests_per_s']:.2f} | {f['output_tokens_per_s']:.1f} "
-              f"| {f['ttft_p50_ms']:.0f} / {f['ttft_p99_ms']:.0f} "
+        print(f"| {mode} | {variant} | {rate:g} | {f['requests_per_s']:.2f} | {f['output_tokens_per_s']:.1f} "
+              f"| {f['ttft_p50_ms']:.0f} / {f['ttft_p99_ms']:.0f} | {f['tpot_s']['p50'] * 1e3:.0f} "
               f"| {f['itl_p50_ms']:.0f} / {f['itl_p99_ms']:.0f} / {f['itl_max_ms']:.0f} "
               f"| {f['itl_p99_ms'] / f['itl_p50_ms']:.1f} | {share} |")
 
