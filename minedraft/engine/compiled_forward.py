@@ -17,6 +17,8 @@ from contextlib import contextmanager
 
 import torch
 
+from minedraft.kernels import small_gemm
+
 log = logging.getLogger(__name__)
 
 INDUCTOR_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
@@ -70,13 +72,14 @@ class CompiledForward:
         size = self.size_for(n)
         if size is None:
             return self.forward(model, input_ids, logit_index, rope, **inputs)
-        # Padding tokens write nothing and their outputs are dropped (the attention op stops at N).
+        # Padding tokens write nothing and their outputs are dropped (the attention op stops at N,
+        # the small-row kernel's products at N rows).
         padded = {k: _pad(v, n, size) if isinstance(v, torch.Tensor) and len(v) == n else v
                   for k, v in inputs.items()}
         args = (model, _pad(input_ids, n, size), _pad(logit_index, len(logit_index), size),
                 tuple(_pad(t, n, size) for t in rope))
         try:
-            with _compiling():
+            with _compiling(), small_gemm.padding_after(n):
                 logits, states = self._graph(*args, **padded)
         except Exception as e:  # noqa: BLE001 (any compiler failure means: run eagerly)
             self.failed = True

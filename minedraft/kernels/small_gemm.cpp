@@ -30,6 +30,12 @@ constexpr int kMaxBlockRows = 12;  // 2 x 12 accumulators + 2 weight vectors + 1
 constexpr int64_t kPrefetchBytes = 32768;
 constexpr int64_t kChunk = 64;  // k terms summed in registers before they are added to y
 
+// Rows of x past this many are padding (a compiled graph's, set around the call by its caller on
+// this thread): their products are skipped and their rows of y are zero. Negative: no limit.
+thread_local int64_t row_limit = -1;
+
+void set_row_limit(int64_t limit) { row_limit = limit; }
+
 // What differs between the two element types: how many k terms one lane of a weight vector holds
 // and how a row's terms meet them. float32: one term, an FMA. bfloat16: two adjacent terms packed
 // in a lane (panels [P, K / 2, 32, 2]), multiplied and summed into float32 by one VDPBF16PS, which
@@ -151,13 +157,16 @@ at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& panels, int64_t n, 
   TORCH_CHECK(!bias || (bias->scalar_type() == type && bias->numel() == n && bias->is_contiguous()),
               "small_gemm: bias must be [n] of x's type");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(panels.data_ptr()) % 64 == 0, "small_gemm: panels must be 64-byte aligned");
-  const at::Tensor xc = x.contiguous();
-  const int64_t M = xc.size(0), K = xc.size(1);
-  if (K == 0 || M == 0 || n == 0) {  // no k chunk writes y
-    at::Tensor y = at::zeros({M, n}, xc.options());
-    return bias ? y + *bias : y;
+  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t rows = row_limit < 0 ? M : std::min(M, row_limit);  // the rest: zeros
+  if (K == 0 || rows == 0 || n == 0) {  // no k chunk writes y
+    at::Tensor y = at::zeros({M, n}, x.options());
+    if (bias) y.slice(0, 0, rows) += *bias;
+    return y;
   }
-  at::Tensor y = at::empty({M, n}, xc.options().dtype(at::kFloat));
+  const at::Tensor xc = x.slice(0, 0, rows).contiguous();
+  const auto f32 = x.options().dtype(at::kFloat);
+  at::Tensor y = rows < M ? at::zeros({M, n}, f32) : at::empty({M, n}, f32);
   const std::optional<at::Tensor> b32 = bias ? std::optional<at::Tensor>(bias->to(at::kFloat)) : std::nullopt;
   const float* bp = b32 ? b32->data_ptr<float>() : nullptr;
   if (type == at::kFloat) {
@@ -175,6 +184,7 @@ at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& panels, int64_t n, 
 TORCH_LIBRARY(minedraft_kernels, m) {
   m.def("small_gemm(Tensor x, Tensor panels, int n, Tensor? bias) -> Tensor");
   m.def("bf16_supported() -> bool", &bf16_supported);
+  m.def("set_row_limit(int limit) -> ()", &set_row_limit);
 }
 
 TORCH_LIBRARY_IMPL(minedraft_kernels, CPU, m) {

@@ -10,6 +10,8 @@ built (`kernels.build`) the models keep their other paths.
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
@@ -82,6 +84,22 @@ def pack(weight: torch.Tensor) -> Packed | None:
         pairs = padded.view(K // 2, 2, P, PANEL).permute(2, 0, 3, 1).contiguous()
         return Packed(pairs.view(P, K, PANEL), weight)
     return None
+
+
+@contextmanager
+def padding_after(rows: int) -> Iterator[None]:
+    """Within this block, on this thread, the kernel multiplies only the first `rows` rows of its
+    input and returns zeros for the others: a compiled graph's padding (its caller knows how many
+    tokens are real; the graph does not). A verification of 5 tokens in the 8-token graph then
+    costs what 5 rows cost."""
+    if not build():
+        yield
+        return
+    torch.ops.minedraft_kernels.set_row_limit(rows)
+    try:
+        yield
+    finally:
+        torch.ops.minedraft_kernels.set_row_limit(-1)
 
 
 def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:

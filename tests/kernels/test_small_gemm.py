@@ -45,6 +45,27 @@ def test_kernel_equals_f_linear(m, k, n, bias):
     torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5 * k ** 0.5)
 
 
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_bf16)])
+@pytest.mark.parametrize("k", [0, 64, 576])
+def test_rows_past_the_padding_limit_are_zeros(dtype, k):
+    """Inside `padding_after(r)` the kernel returns the product for the first r rows, bias
+    included, and zeros for the rest; after the block every row is multiplied again."""
+    torch.manual_seed(k)
+    x, w, b = torch.randn(8, k, dtype=dtype), torch.randn(k, 40, dtype=dtype), torch.randn(40, dtype=dtype)
+    packed = small_gemm.pack(w)
+    full = small_gemm.linear(x, packed, b)
+    for rows in (0, 5, 8, 12):
+        with small_gemm.padding_after(rows):
+            got = small_gemm.linear(x, packed, b)
+        assert got.shape == (8, 40) and got.dtype == dtype
+        assert torch.equal(got[:rows], full[:rows]) and not got[rows:].any()
+    assert torch.equal(small_gemm.linear(x, packed, b), full)
+    with pytest.raises(KeyError), small_gemm.padding_after(3):
+        raise KeyError  # a block that fails still resets the limit
+    assert torch.equal(small_gemm.linear(x, packed, b), full)
+
+
 @needs_bf16
 @pytest.mark.parametrize("m", [1, 2, 4, 5, 8, 12, 13, 40, 64])
 @pytest.mark.parametrize("k,n", [(0, 7), (2, 1), (64, 31), (64, 33), (576, 960), (1536, 65)])
@@ -179,16 +200,18 @@ def test_compiled_graphs_call_the_kernel_above_four_rows(tiny_llama):
         slot = runner.cache.allocate()
         runner.forward([Row(slot, list(range(3, 13)))])  # 10 tokens: an eager prefill
 
-        def step(tokens: list[int]) -> tuple[torch.Tensor, int]:
+        def step(tokens: list[int]) -> tuple[torch.Tensor, int, list]:
             runner.forward([Row(slot, tokens, len(tokens))])  # builds the graph
             runner.cache.truncate(slot, 10)
-            with torch.profiler.profile() as prof:
+            with torch.profiler.profile(record_shapes=True) as prof:
                 logits = runner.forward([Row(slot, tokens, len(tokens))])
             runner.cache.truncate(slot, 10)
-            return logits, sum(e.name == "minedraft_kernels::small_gemm" for e in prof.events())
+            limits = [e.concrete_inputs for e in prof.events() if e.name == "minedraft_kernels::set_row_limit"]
+            return logits, sum(e.name == "minedraft_kernels::small_gemm" for e in prof.events()), limits
 
-        six, six_calls = step([7, 1, 8, 2, 8, 1])
-        three, three_calls = step([4, 5, 9])
+        six, six_calls, six_limits = step([7, 1, 8, 2, 8, 1])
+        three, three_calls, _ = step([4, 5, 9])
+        assert six_limits == [[6], [-1]]  # the graph's products stop at the 6 real tokens
         assert runner.compiled.size_for(6) == 8 and runner.compiled.size_for(3) == 4 and not runner.compiled.failed
         # Every linear of the 8-token graph (qkv, o, gate_up, down per layer, and the head).
         assert six_calls == 4 * runner.model.args.num_layers + 1
