@@ -213,9 +213,13 @@ class SpeculativeConfig:
 # 8-token graph multiplies through it (kernels.small_gemm) and beat the same step run eagerly; elsewhere
 # (bfloat16, no AVX-512) it uses the templates, which were not timed at 8 rows against eager there.
 CPU_COMPILE_SIZES = (1, 2, 4, 8)
-# A chunk of 64 prompt tokens costs about what two batch-8 decode steps cost here (docs/BENCHMARKS.md,
-# issue 19), which bounds how long a stream waits on a step that carries one.
-CPU_MAX_NUM_BATCHED_TOKENS = 64
+# Prompt tokens per step by default. Serving on CPU: a chunk of 64 costs about what two batch-8
+# decode steps cost (docs/BENCHMARKS.md, issue 19), which bounds how long a stream waits on a step
+# that carries one. Offline nobody waits on a gap, and every step pays for one pass over the weights
+# whatever it carries: 512 (like vLLM, whose offline `LLM` defaults to a bigger budget than its
+# server) took ar at 8 in flight from 27.3 to 32.4 tokens/s (docs/BENCHMARKS.md, issue 15).
+CPU_SERVING_BATCHED_TOKENS = 64
+CPU_OFFLINE_BATCHED_TOKENS = 512
 GPU_MAX_NUM_BATCHED_TOKENS = 2048
 
 
@@ -227,8 +231,10 @@ class EngineConfig:
     max_num_seqs: int = 16  # requests in flight
     max_model_len: int | None = None  # prompt + output tokens per request; None: min(2048, the model's)
     # Prompt tokens a step may carry beside its decode or verification rows (chunked prefill);
-    # None: CPU_MAX_NUM_BATCHED_TOKENS on CPU, GPU_MAX_NUM_BATCHED_TOKENS elsewhere.
+    # None: on CPU CPU_SERVING_BATCHED_TOKENS when `serving`, else CPU_OFFLINE_BATCHED_TOKENS;
+    # GPU_MAX_NUM_BATCHED_TOKENS elsewhere.
     max_num_batched_tokens: int | None = None
+    serving: bool = False  # the engine streams to clients (`minedraft serve`): defaults for latency
     enable_chunked_prefill: bool = True  # split prompts over steps (else a prompt goes whole, alone if too long)
     # Opt-in: beside running streams, a lone prompt's chunks shrink so that a step takes at most
     # this many times a step without them (engine.scheduler.PrefillPacer); None: the whole budget.
@@ -259,7 +265,8 @@ class EngineConfig:
             self.max_model_len = min(2048, self.model_args.max_position_embeddings)
         if self.max_num_batched_tokens is None:
             cpu = self.device == "cpu"
-            self.max_num_batched_tokens = CPU_MAX_NUM_BATCHED_TOKENS if cpu else GPU_MAX_NUM_BATCHED_TOKENS
+            cpu_default = CPU_SERVING_BATCHED_TOKENS if self.serving else CPU_OFFLINE_BATCHED_TOKENS
+            self.max_num_batched_tokens = cpu_default if cpu else GPU_MAX_NUM_BATCHED_TOKENS
         for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -277,7 +284,7 @@ class EngineConfig:
         if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float))
                                   or not math.isfinite(ratio) or ratio <= 1):
             raise ValueError(f"prefill_stall_ratio must be a number > 1 or None, got {ratio!r}")
-        for name in ("enforce_eager", "enable_chunked_prefill"):
+        for name in ("enforce_eager", "enable_chunked_prefill", "serving"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.compile_sizes is None:

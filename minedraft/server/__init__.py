@@ -17,7 +17,7 @@ def serve(args: argparse.Namespace) -> None:
                           enforce_eager=args.enforce_eager, speculative_config=args.speculative_config,
                           max_num_batched_tokens=args.max_num_batched_tokens,
                           enable_chunked_prefill=args.enable_chunked_prefill,
-                          prefill_stall_ratio=args.prefill_stall_ratio)
+                          prefill_stall_ratio=args.prefill_stall_ratio, serving=True)
     server = AsyncEngine(LLMEngine(config), max_queue=args.max_queue)
     name = args.served_model_name or (Path(args.model).name if args.model else "SmolLM2-135M-Instruct")
     app = create_app(server, name, args.api_key)

@@ -151,11 +151,21 @@ def test_bad_sampling_params_name_the_field(kwargs, field):
     ({"prefill_stall_ratio": float("nan")}, "prefill_stall_ratio"),
     ({"prefill_stall_ratio": True}, "prefill_stall_ratio"),
     ({"enable_chunked_prefill": 1}, "enable_chunked_prefill"),
+    ({"serving": "yes"}, "serving"),
 ])
 def test_bad_engine_config_is_named(tiny_llama, kwargs, message):
     kwargs = {"model": str(tiny_llama), **kwargs}
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         LLM(**kwargs)
+
+
+def test_prompt_budget_defaults_to_latency_when_serving_and_throughput_offline(tiny_llama):
+    from minedraft.config import CPU_OFFLINE_BATCHED_TOKENS, CPU_SERVING_BATCHED_TOKENS, EngineConfig
+
+    assert EngineConfig(str(tiny_llama)).max_num_batched_tokens == CPU_OFFLINE_BATCHED_TOKENS
+    assert EngineConfig(str(tiny_llama), serving=True).max_num_batched_tokens == CPU_SERVING_BATCHED_TOKENS
+    assert CPU_SERVING_BATCHED_TOKENS < CPU_OFFLINE_BATCHED_TOKENS
+    assert EngineConfig(str(tiny_llama), serving=True, max_num_batched_tokens=100).max_num_batched_tokens == 100
 
 
 # -- one bad request never hurts another -------------------------------------------------------------
