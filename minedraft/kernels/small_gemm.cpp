@@ -24,9 +24,9 @@ namespace {
 
 constexpr int64_t kPanel = 32;   // columns per panel: two 16-lane vectors
 constexpr int kMaxBlockRows = 12;  // 2 x 12 accumulators + 2 weight vectors + 1 broadcast <= 32 registers
-// With several rows the FMAs hide the loads from the hardware prefetcher; asking for the weights
-// 32 KB ahead took 8-row products from 1.3-1.6x to 1.1-1.2x the one-row time here (one row is
-// faster without).
+// The FMAs hide the loads from the hardware prefetcher, so each k step asks for the weights 32 KB
+// ahead, into L2 (T1): on the Xeon that took 8-row products from 1.3-1.6x to 1.1-1.2x the one-row
+// time with T0; T1 instead of T0 then saved another 10-17% at 1 to 40 rows (docs/BENCHMARKS.md).
 constexpr int64_t kPrefetchBytes = 32768;
 constexpr int64_t kChunk = 64;  // k terms summed in registers before they are added to y
 
@@ -63,7 +63,7 @@ struct BF16 {
 #endif
 
 // Rows x[0..R) against one panel: 2R float32 accumulators, each weight vector loaded once per
-// k step. `prefetch`: the first row block of a panel of a product with several rows. The sum over
+// k step. `prefetch`: the first row block of a panel. The sum over
 // k runs in chunks of kChunk, each added to y (float32, in L1): with one running sum over all of K,
 // SmolLM2's float32 logits were 1.4e-4 off float64's (oneDNN / MKL: 6e-5); in chunks, 3.4e-5.
 template <typename E, int R>
@@ -82,8 +82,8 @@ void panel_block(const typename E::T* x, int64_t K, const typename E::T* panel, 
     for (int64_t k = k0; k < std::min(K, k0 + kChunk); k += step) {
       const typename E::T* w = panel + k * kPanel;  // k step k / step, 32 lanes of `step` terms
       if (prefetch) {  // the packed panels are contiguous: this runs on into the next ones
-        _mm_prefetch(reinterpret_cast<const char*>(w + ahead), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(w + ahead + second), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w + ahead), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(w + ahead + second), _MM_HINT_T1);
       }
       const __m512 w0 = _mm512_load_ps(reinterpret_cast<const float*>(w));
       const __m512 w1 = _mm512_load_ps(reinterpret_cast<const float*>(w + second));
@@ -127,7 +127,7 @@ void multiply(const at::Tensor& x, const at::Tensor& panels, int64_t n, const fl
       const int64_t col = p * kPanel, cols = std::min(kPanel, n - col);
       for (int64_t row = 0; row < M; row += block_rows) {
         const int64_t rows = std::min(block_rows, M - row);
-        const bool prefetch = row == 0 && M > 1;
+        const bool prefetch = row == 0;
         blocks[rows - 1](xp + row * K, K, wp + p * K * kPanel, bp ? bp + col : nullptr, yp + row * n + col, n, cols,
                          prefetch);
       }
