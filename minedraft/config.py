@@ -209,9 +209,10 @@ class SpeculativeConfig:
 
 
 # Measured on the development CPU (docs/BENCHMARKS.md, issue 15): Inductor's C++ GEMM templates
-# beat oneDNN's packed products up to four rows. In float32 with the small-row kernel built, the
-# 8-token graph multiplies through it (kernels.small_gemm) and beat the same step run eagerly; elsewhere
-# (bfloat16, no AVX-512) it uses the templates, which were not timed at 8 rows against eager there.
+# beat oneDNN's packed products up to four rows. In float32 with the small-row kernel built, graphs
+# multiply 2 rows and more through it (kernels.small_gemm), and the 8-token graph beat the same step
+# run eagerly; elsewhere (bfloat16, no AVX-512) they use the templates, which were not timed at 8
+# rows against eager there.
 CPU_COMPILE_SIZES = (1, 2, 4, 8)
 # Prompt tokens per step by default. Serving on CPU: a chunk of 64 costs about what two batch-8
 # decode steps cost (docs/BENCHMARKS.md, issue 19), which bounds how long a stream waits on a step

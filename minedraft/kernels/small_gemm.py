@@ -25,9 +25,10 @@ PANEL = 32  # columns per packed panel; small_gemm.cpp's kPanel
 # Products of up to this many rows use the kernel; bigger ones (prefill) oneDNN's packed weights.
 # Measured up to 64 rows, where the kernel was still 1.0-1.2x faster (docs/BENCHMARKS.md).
 MAX_ROWS = 64
-# In compiled graphs, Inductor's GEMM templates match the kernel up to 4 rows and fall far behind
-# above (8 rows: 2.1x its time, docs/BENCHMARKS.md), so graphs call it from 5 rows on.
-GRAPH_MIN_ROWS = 5
+# In compiled graphs Inductor's GEMM templates win at one row (the kernel took 1.05-1.07x their
+# step time) and lose from two (0.96x), far at four (0.69x: a 4-token step 62 -> 42 ms on the Xeon,
+# docs/BENCHMARKS.md), so graphs call the kernel from 2 rows on.
+GRAPH_MIN_ROWS = 2
 
 _state: dict[str, bool] = {}  # "ok": usable; missing: not asked yet
 

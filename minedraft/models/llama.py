@@ -115,7 +115,7 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         # Inside a compiled graph the kernel takes only the products Inductor's own GEMM templates
-        # multiply slowly (more than 4 rows), as an external call; its panels are plain tensors, so
+        # multiply slowly (more than 1 row), as an external call; its panels are plain tensors, so
         # frozen graphs stay cacheable on disk.
         compiling = torch.compiler.is_compiling()
         min_rows = small_gemm.GRAPH_MIN_ROWS if compiling else 1

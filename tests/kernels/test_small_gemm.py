@@ -192,10 +192,11 @@ def test_greedy_output_unchanged(tiny_llama, tiny_draft, monkeypatch):
 
 
 @needs_kernel
-def test_compiled_graphs_call_the_kernel_above_four_rows(tiny_llama):
-    """A graph for 8 tokens multiplies through the kernel (Inductor's templates are slow there);
-    one for 4 keeps Inductor's own products; both give the eager path's logits."""
-    with LLM(str(tiny_llama), dtype="float32", max_num_seqs=2, max_model_len=64, compile_sizes=[4, 8]) as llm:
+def test_compiled_graphs_call_the_kernel_from_two_rows(tiny_llama):
+    """Graphs for 4 and 8 tokens multiply through the kernel (Inductor's templates are slower
+    there), one for a single token keeps Inductor's own products; the kernel stops at the real
+    tokens of a padded graph; all give the eager path's logits."""
+    with LLM(str(tiny_llama), dtype="float32", max_num_seqs=2, max_model_len=64, compile_sizes=[1, 4, 8]) as llm:
         runner = llm.engine.runner
         slot = runner.cache.allocate()
         runner.forward([Row(slot, list(range(3, 13)))])  # 10 tokens: an eager prefill
@@ -209,14 +210,17 @@ def test_compiled_graphs_call_the_kernel_above_four_rows(tiny_llama):
             limits = [e.concrete_inputs for e in prof.events() if e.name == "minedraft_kernels::set_row_limit"]
             return logits, sum(e.name == "minedraft_kernels::small_gemm" for e in prof.events()), limits
 
-        six, six_calls, six_limits = step([7, 1, 8, 2, 8, 1])
-        three, three_calls, _ = step([4, 5, 9])
-        assert six_limits == [[6], [-1]]  # the graph's products stop at the 6 real tokens
-        assert runner.compiled.size_for(6) == 8 and runner.compiled.size_for(3) == 4 and not runner.compiled.failed
-        # Every linear of the 8-token graph (qkv, o, gate_up, down per layer, and the head).
-        assert six_calls == 4 * runner.model.args.num_layers + 1
-        assert three_calls == 0
-        runner.compiled.failed = True  # the same steps eagerly
-        torch.testing.assert_close(six, runner.forward([Row(slot, [7, 1, 8, 2, 8, 1], 6)]), rtol=1e-5, atol=1e-5)
-        runner.cache.truncate(slot, 10)
-        torch.testing.assert_close(three, runner.forward([Row(slot, [4, 5, 9], 3)]), rtol=1e-5, atol=1e-5)
+        cases = {(7, 1, 8, 2, 8, 1): 8, (4, 5, 9): 4, (6,): 1}
+        calls = {}
+        for tokens, size in cases.items():
+            logits, calls[size], limits = step(list(tokens))
+            assert runner.compiled.size_for(len(tokens)) == size and not runner.compiled.failed
+            assert limits == [[len(tokens)], [-1]]  # the graph's products stop at the real tokens
+            runner.compiled.failed = True  # the same step eagerly
+            eager = runner.forward([Row(slot, list(tokens), len(tokens))])
+            runner.cache.truncate(slot, 10)
+            runner.compiled.failed = False
+            torch.testing.assert_close(logits, eager, rtol=1e-5, atol=1e-5)
+        # Every linear (qkv, o, gate_up, down per layer, and the head) in the 4- and 8-token graphs.
+        assert calls[8] == calls[4] == 4 * runner.model.args.num_layers + 1
+        assert calls[1] == 0
