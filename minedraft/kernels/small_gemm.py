@@ -8,6 +8,7 @@ panel of W before reading the next, in float32, and in bfloat16 where the CPU ha
 built (`kernels.build`) the models keep their other paths.
 """
 
+import functools
 import logging
 import os
 from collections.abc import Iterator
@@ -25,6 +26,11 @@ PANEL = 32  # columns per packed panel; small_gemm.cpp's kPanel
 # Products of up to this many rows use the kernel; bigger ones (prefill) oneDNN's packed weights.
 # Measured up to 64 rows, where the kernel was still 1.0-1.2x faster (docs/BENCHMARKS.md).
 MAX_ROWS = 64
+# Except eager bfloat16 products on a CPU with AMX: there oneDNN's packed weights go through the
+# tile unit and stream once for any number of rows, while the kernel's dot products turn
+# compute-bound: from 5 rows oneDNN is quicker (0.6x the kernel's time at 8 rows, 0.2-0.3x at 40,
+# docs/BENCHMARKS.md 2026-12-03).
+MAX_ROWS_BF16_AMX = 4
 # In compiled graphs Inductor's GEMM templates win at one row (the kernel took 1.05-1.07x their
 # step time) and lose from two (0.96x), far at four (0.69x: a 4-token step 62 -> 42 ms on the Xeon,
 # docs/BENCHMARKS.md), so graphs call the kernel from 2 rows on.
@@ -67,6 +73,20 @@ def build() -> bool:
 def bf16_supported() -> bool:
     """Whether the built kernel multiplies bfloat16 (its CPU has AVX512-BF16)."""
     return build() and torch.ops.minedraft_kernels.bf16_supported()
+
+
+@functools.cache
+def _has_amx() -> bool:
+    return getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+
+
+def applies(rows: int, dtype: torch.dtype, compiling: bool) -> bool:
+    """Whether a product of `rows` rows of `dtype` goes through the kernel: in a compiled graph from
+    GRAPH_MIN_ROWS (Inductor's own bfloat16 products are slower still above 4 rows), eagerly from
+    one row, up to MAX_ROWS, or MAX_ROWS_BF16_AMX for bfloat16 where oneDNN has AMX."""
+    if compiling:
+        return GRAPH_MIN_ROWS <= rows <= MAX_ROWS
+    return 1 <= rows <= (MAX_ROWS_BF16_AMX if dtype == torch.bfloat16 and _has_amx() else MAX_ROWS)
 
 
 def pack(weight: torch.Tensor) -> Packed | None:

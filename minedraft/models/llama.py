@@ -118,8 +118,7 @@ class Linear(nn.Module):
         # multiply slowly (more than 1 row), as an external call; its panels are plain tensors, so
         # frozen graphs stay cacheable on disk.
         compiling = torch.compiler.is_compiling()
-        min_rows = small_gemm.GRAPH_MIN_ROWS if compiling else 1
-        if self.small is not None and min_rows <= rows <= small_gemm.MAX_ROWS:
+        if self.small is not None and small_gemm.applies(rows, x.dtype, compiling):
             y = small_gemm.linear(x.reshape(rows, x.shape[-1]), self.small, self.bias)
             return y.view(*x.shape[:-1], y.shape[-1])
         # Otherwise a compiled graph multiplies the dense copy with its own kernels (oneDNN's packed

@@ -79,7 +79,7 @@ def test_bf16_kernel_rounds_the_exact_product_once(m, k, n, bias):
     b = torch.randn(n, dtype=torch.bfloat16) if bias else None
     packed = small_gemm.pack(w)
     assert packed.panels.dtype == torch.bfloat16 and packed.panels.shape == (-(-n // small_gemm.PANEL), k, 32)
-    got = small_gemm.linear(x, packed, b)
+    got = torch.ops.minedraft_kernels.small_gemm(x, packed.panels, n, b)  # every m, AMX or not
     exact = x.double() @ w.double() + (0 if b is None else b.double())
     assert got.dtype == torch.bfloat16 and got.shape == (m, n)
     err = (got.double() - exact).abs()
@@ -116,6 +116,36 @@ def test_many_rows_take_the_reference_path():
     assert torch.equal(small_gemm.linear(x, small_gemm.pack(w)), x @ w)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("amx", [False, True])
+def test_which_products_the_kernel_takes(monkeypatch, dtype, amx):
+    monkeypatch.setattr(small_gemm, "_has_amx", lambda: amx)
+    eager = [m for m in range(0, 70) if small_gemm.applies(m, dtype, compiling=False)]
+    graph = [m for m in range(0, 70) if small_gemm.applies(m, dtype, compiling=True)]
+    # bfloat16 with AMX: oneDNN's tile products win eagerly from 5 rows; graphs keep the kernel.
+    assert eager == list(range(1, 5 if amx and dtype == torch.bfloat16 else 65))
+    assert graph == list(range(small_gemm.GRAPH_MIN_ROWS, 65))
+
+
+@needs_bf16
+def test_bf16_model_multiplies_many_rows_through_onednn(tiny_llama, monkeypatch):
+    """Eagerly, a bfloat16 model sends 5+ rows to oneDNN where the CPU has AMX, and its output
+    stays what the kernel's products give within bfloat16 rounding."""
+    model = load_model(tiny_llama, torch.bfloat16, torch.device("cpu"))
+    linear = next(m for m in model.modules() if isinstance(m, Linear) and m.small is not None)
+    x = torch.randn(12, linear.in_features, dtype=torch.bfloat16)
+    calls = []
+    real = small_gemm.linear
+    monkeypatch.setattr(small_gemm, "linear", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    for amx in (True, False):
+        monkeypatch.setattr(small_gemm, "_has_amx", lambda: amx)
+        with torch.no_grad():
+            got = linear(x)
+        torch.testing.assert_close(got.float(), (x.double() @ linear.weight.double()).float() + (
+            0 if linear.bias is None else linear.bias.float()), rtol=2e-2, atol=2e-2)
+    assert calls == [12]  # only the run without AMX used the kernel
+
+
 def test_other_dtypes_take_the_other_paths(tiny_llama):
     assert small_gemm.pack(torch.randn(64, 40, dtype=torch.float64)) is None
     model = load_model(tiny_llama, torch.float64, torch.device("cpu"))
@@ -138,7 +168,7 @@ def test_failed_build_warns_once_and_keeps_the_other_paths(monkeypatch, unbuilt)
     with torch.no_grad():
         for p in (*layer.parameters(), *other.parameters()):
             torch.nn.init.normal_(p)
-    with pytest.warns(UserWarning, match="building the C\+\+ kernels failed.*Error building extension"):
+    with pytest.warns(UserWarning, match=r"building the C\+\+ kernels failed.*Error building extension"):
         layer.pack(keep_dense=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the second layer: no second warning
