@@ -139,16 +139,25 @@ def head_aux_layers(folder: Path | None, target_layers: int) -> tuple[int, ...]:
 
 
 def warm_start(head: Eagle3Head, folder: Path) -> None:
-    """Load an exported head's weights (public layout) into a new head of the same shape and
-    draft vocabulary, in the new head's dtype."""
+    """Load an exported head's weights (public layout) into a new head of the same shape, in the new
+    head's dtype. With another draft vocabulary, the head rows of the tokens both vocabularies hold
+    come from the exported head and the others keep the new head's (the target's rows)."""
     state = read_eagle3_state(folder)
-    if not torch.equal(state["draft_to_target"], head.draft_to_target):
-        raise ValueError(f"{folder} has another draft vocabulary than the one being trained")
     own = head.state_dict()
-    missing = set(own) - set(state)
-    if missing or any(state[k].shape != own[k].shape for k in own):
+    old_ids, new_ids = state.pop("draft_to_target"), own["draft_to_target"]
+    missing = set(own) - set(state) - {"draft_to_target"}
+    if missing or any(state[k].shape != own[k].shape for k in state if k != "lm_head.weight"):
         raise ValueError(f"{folder} does not match the head's shape (missing {sorted(missing)})")
+    row_of = {int(t): i for i, t in enumerate(old_ids)}  # target id -> the exported head's row
+    lm_head = own["lm_head.weight"].clone()  # [hidden, draft vocab]
+    shared = [(j, row_of[int(t)]) for j, t in enumerate(new_ids) if int(t) in row_of]
+    if shared:
+        new_rows, old_rows = map(list, zip(*shared))
+        lm_head[:, new_rows] = state["lm_head.weight"][:, old_rows].to(lm_head.dtype)
+    state.update({"lm_head.weight": lm_head, "draft_to_target": new_ids})
     head.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=True)
+    if len(shared) < len(new_ids):
+        log.info("warm start: %d of %d draft tokens from %s, the rest from the target", len(shared), len(new_ids), folder)
 
 
 def ttt_attention(head: Eagle3Head, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

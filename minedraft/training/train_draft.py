@@ -89,13 +89,15 @@ def run_eagle3(args: argparse.Namespace) -> Path:
         raise ValueError(f"no reply shards in {work / 'data'}: give --num-prompts")
     target = load_model(target_path, torch.float32, torch.device("cpu"))
     init_from = Path(args.init_from) if args.init_from else None
-    # A warm start keeps the head's auxiliary layers and draft vocabulary (its shape depends on them).
+    # A warm start keeps the head's auxiliary layers (its shape depends on them).
     aux_layers = head_aux_layers(init_from, target.args.num_layers)
     paths = feature_shards(target, shards, work / "features", aux_layers, args.max_model_len)
     samples = load_features(paths)
     train_set, held_out = split(samples)
     vocab_file = work / "draft_vocab.pt"  # fixed at the first run: the head's shape depends on it
-    if not vocab_file.exists() and init_from is not None:
+    # A warm start keeps the head's vocabulary, unless --vocab-size asks for another size: then the
+    # most frequent reply tokens again, the exported head's rows kept for those it holds.
+    if not vocab_file.exists() and init_from is not None and len(head_vocabulary(init_from)) == args.vocab_size:
         torch.save(head_vocabulary(init_from), vocab_file)
     if not vocab_file.exists():
         eos = eos_token_ids(target_path, load_tokenizer(target_path))
