@@ -278,7 +278,7 @@ def add_train_draft(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--init-layers", default="0,1,2,3", help="target layers the drafter starts from")
     p.add_argument("--init-from", default=None,
                    help="continue from a drafter this command exported, or (eagle3) an EAGLE-3 head in the "
-                        "public layout: its weights and vocabulary")
+                        "public layout: its weights, and its vocabulary unless --vocab-size names another size")
     p.add_argument("--prompt-mix", default="default", choices=["default", "spec_bench"],
                    help="training prompt families: the original six, or with families shaped like Spec-Bench's tasks")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
