@@ -148,16 +148,17 @@ def warm_start(head: Eagle3Head, folder: Path) -> None:
     missing = set(own) - set(state) - {"draft_to_target"}
     if missing or any(state[k].shape != own[k].shape for k in state if k != "lm_head.weight"):
         raise ValueError(f"{folder} does not match the head's shape (missing {sorted(missing)})")
-    row_of = {int(t): i for i, t in enumerate(old_ids)}  # target id -> the exported head's row
+    # The exported head's row of each new draft token (-1: it has none, the target's row stays).
+    old_row = torch.full((int(max(old_ids.max(), new_ids.max())) + 1,), -1)
+    old_row[old_ids] = torch.arange(len(old_ids))
+    source = old_row[new_ids]
+    shared = source >= 0
     lm_head = own["lm_head.weight"].clone()  # [hidden, draft vocab]
-    shared = [(j, row_of[int(t)]) for j, t in enumerate(new_ids) if int(t) in row_of]
-    if shared:
-        new_rows, old_rows = map(list, zip(*shared))
-        lm_head[:, new_rows] = state["lm_head.weight"][:, old_rows].to(lm_head.dtype)
+    lm_head[:, shared] = state["lm_head.weight"][:, source[shared]].to(lm_head.dtype)
     state.update({"lm_head.weight": lm_head, "draft_to_target": new_ids})
     head.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=True)
-    if len(shared) < len(new_ids):
-        log.info("warm start: %d of %d draft tokens from %s, the rest from the target", len(shared), len(new_ids), folder)
+    log.info("warm start from %s: %d of %d draft tokens' head rows (the rest the target's)", folder,
+             int(shared.sum()), len(new_ids))
 
 
 def ttt_attention(head: Eagle3Head, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -253,7 +254,6 @@ class Trainer:
             log.info("resumed at step %d (epoch %d, %.1f min)", self.step, self.epoch, self.seconds / 60)
         elif init_from is not None:
             warm_start(self.head, init_from)
-            log.info("warm start from %s", init_from)
 
     def save(self) -> None:
         tmp = self.checkpoint.with_suffix(".tmp")

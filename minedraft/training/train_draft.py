@@ -97,8 +97,10 @@ def run_eagle3(args: argparse.Namespace) -> Path:
     vocab_file = work / "draft_vocab.pt"  # fixed at the first run: the head's shape depends on it
     # A warm start keeps the head's vocabulary, unless --vocab-size asks for another size: then the
     # most frequent reply tokens again, the exported head's rows kept for those it holds.
-    if not vocab_file.exists() and init_from is not None and len(head_vocabulary(init_from)) == args.vocab_size:
-        torch.save(head_vocabulary(init_from), vocab_file)
+    if not vocab_file.exists() and init_from is not None:
+        head_ids = head_vocabulary(init_from)
+        if len(head_ids) == args.vocab_size:
+            torch.save(head_ids, vocab_file)
     if not vocab_file.exists():
         eos = eos_token_ids(target_path, load_tokenizer(target_path))
         ids, coverage = frequent_tokens(train_set, target.args.vocab_size, args.vocab_size, eos)
