@@ -28,6 +28,11 @@ class Proposer:
         it) are final: a drafter with a cache of its own may prefill them now, so that a request's
         first draft costs what a later one does."""
 
+    def backlog(self, seq: Sequence) -> int:
+        """Tokens of `seq` it holds but has not run its model over yet (what its next draft for the
+        sequence, or a prefill, must catch up on first)."""
+        return 0
+
     def accept_states(self, seq: Sequence, start: int, states: torch.Tensor) -> None:
         """The target's `aux_layers` states [n, ...] at `seq`'s positions start..start + n - 1, all
         of them tokens the sequence keeps."""

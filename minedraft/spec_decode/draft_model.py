@@ -52,9 +52,7 @@ class DraftModelProposer(SlotProposer):
             # Drop KV entries of drafts the target rejected since the last round. The last token is
             # always fed again (its logits start the drafts), even where the target chose a draft
             # TETRIS had not sent for verification.
-            slot = self.slot(seq)
-            kept = min(_kept_tokens(seq, self.views.get(seq.seq_id)), len(seq) - 1)
-            cache.truncate(slot, min(cache.lengths[slot], kept))
+            cache.truncate(self.slot(seq), min(self._valid(seq), len(seq) - 1))
         pending = {i: seqs[i].tokens_from(cache.lengths[self.slots[seqs[i].seq_id]]) for i in active}
         # Long catch-ups (prompts) run on their own, so short rows are not padded to a prompt's length.
         long = [i for i in active if len(pending[i]) > 2]
@@ -78,15 +76,23 @@ class DraftModelProposer(SlotProposer):
             self.views[seqs[i].seq_id] = (len(seqs[i]), fed[i])
         return drafts, dists
 
+    def backlog(self, seq: Sequence) -> int:
+        return max(len(seq) - self._valid(seq), 0) if seq.seq_id in self.slots else len(seq)
+
     def prefill(self, seqs: list[Sequence], ends: list[int]) -> None:
         cache, rows = self.runner.cache, []
         for seq, end in zip(seqs, ends):
-            slot = self.slot(seq)
-            if end > cache.lengths[slot]:
-                rows.append(Row(slot, seq.tokens_from(cache.lengths[slot])[: end - cache.lengths[slot]]))
+            slot, valid = self.slot(seq), self._valid(seq)  # a sequence drafted for before may hold rejected drafts
+            cache.truncate(slot, valid)
+            if end > valid:
+                rows.append(Row(slot, seq.tokens_from(valid)[: end - valid]))
             self.views[seq.seq_id] = (end, [])
         if rows:
             self.runner.hidden_states(rows)
+
+    def _valid(self, seq: Sequence) -> int:
+        """The leading entries of the sequence's slot that are still its tokens."""
+        return min(self.runner.cache.lengths[self.slots[seq.seq_id]], _kept_tokens(seq, self.views.get(seq.seq_id)))
 
     def forget(self, seq_id: int) -> None:
         self.views.pop(seq_id, None)

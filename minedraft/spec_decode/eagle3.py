@@ -41,6 +41,9 @@ class Eagle3Proposer(SlotProposer):
             raise RuntimeError(f"sequence {seq.seq_id}: target states from position {start}, expected {expected}")
         self.states[seq.seq_id] = torch.cat((held, states[expected - start :]))
 
+    def backlog(self, seq: Sequence) -> int:
+        return max(len(self.states.get(seq.seq_id, ())) - 1, 0)  # the last pair stays out by design
+
     def prefill(self, seqs: list[Sequence], ends: list[int]) -> None:
         """Feed the pairs whose states have arrived, but the last (see the module's docstring)."""
         rows, features = [], []

@@ -78,6 +78,9 @@ class LookupFirst(Proposer):
     def prefill(self, seqs: list[Sequence], ends: list[int]) -> None:
         self.model.prefill(seqs, ends)
 
+    def backlog(self, seq: Sequence) -> int:
+        return self.model.backlog(seq)
+
     def accept_states(self, seq: Sequence, start: int, states: torch.Tensor) -> None:
         self.model.accept_states(seq, start, states)
 

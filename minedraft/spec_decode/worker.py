@@ -54,6 +54,11 @@ def make_proposer(args: WorkerArgs, device: torch.device, dtype: torch.dtype) ->
     return LookupFirst(model, NgramProposer(*args.prompt_lookup, config["vocab_size"], dtype))
 
 
+# Tokens a drafted sequence may have to catch up on before it waits a round (see Drafter.handle):
+# a round brings at most k + 1 per sequence; a prompt's chunk brings hundreds.
+MAX_CATCH_UP = 16
+
+
 def worker_main(args: WorkerArgs) -> None:
     die_with_parent()
     pin(args.cpus)
@@ -94,13 +99,13 @@ class Drafter:
         seqs = [update_mirror(self.mirrors, item, proposer, states) for item in items]
         split = len(header.get("prefill", []))
         prefilled, seqs = seqs[:split], seqs[split:]
-        # A prompt drafted for in this message is prefilled first; the others once the drafts are
-        # sent, while the target verifies them, so that prompts never lengthen a drafting step.
-        drafted = {seq.seq_id for seq in seqs} if op == "draft" else set()
-        prefill(proposer, [seq for seq in prefilled if seq.seq_id in drafted])
         if op == "draft":
+            # A sequence with much to catch up on (a prompt's last chunk, which comes with its
+            # first draft request) gets no drafts this round: it is verified as a plain decode row
+            # and caught up below, so that prompts never lengthen a drafting step.
+            num_tokens = [0 if proposer.backlog(seq) > MAX_CATCH_UP else n for seq, n in zip(seqs, header["num_tokens"])]
             gens = [None if seq.params.greedy else seq.generator or self.default_gen for seq in seqs]
-            drafts, dists = proposer.propose(seqs, header["num_tokens"], gens, header.get("capacity"))
+            drafts, dists = proposer.propose(seqs, num_tokens, gens, header.get("capacity"))
             # Sampled rows' distributions as drafted: compact ones travel as probabilities over
             # their support (a reduced vocabulary once, or each row's top-k / top-p survivors).
             sampled = [q for q in dists if q is not None]
@@ -108,7 +113,10 @@ class Drafter:
             tensors = [] if q is None else [q.probs] if q.ids is None else [q.probs, q.ids]
             answer = {"drafts": drafts, "vocab": None if q is None else q.vocab, "start": start, "end": time.time()}
             self.send(answer, tensors)
-        prefill(proposer, [seq for seq in prefilled if seq.seq_id not in drafted])
+        # Once the drafts are out, while the target verifies: prompts' chunks, late sequences and
+        # those a prompt lookup drafted (the model has not seen their newest tokens).
+        behind = {seq.seq_id: seq for seq in prefilled + seqs if proposer.backlog(seq) > 0}
+        prefill(proposer, list(behind.values()))
         return True
 
 
