@@ -279,8 +279,9 @@ def add_train_draft(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--init-from", default=None,
                    help="continue from a drafter this command exported, or (eagle3) an EAGLE-3 head in the "
                         "public layout: its weights, and its vocabulary unless --vocab-size names another size")
-    p.add_argument("--prompt-mix", default="default", choices=["default", "spec_bench"],
-                   help="training prompt families: the original six, or with families shaped like Spec-Bench's tasks")
+    p.add_argument("--prompt-mix", default="default", choices=["default", "spec_bench", "written"],
+                   help="training prompt families: the original six; with families shaped like Spec-Bench's tasks; "
+                        "or (written) summarising and answering from articles the target writes first")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="the target's dtype while it generates and scores the data")
     p.add_argument("--autocast-bf16", action="store_true", help="train under bfloat16 autocast (faster on AMX CPUs)")

@@ -13,7 +13,7 @@ from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.engine.sequence import RequestOutput
 from minedraft.llm import LLM
 from minedraft.sampling import SamplingParams
-from minedraft.training.prompts import build_prompts, doc_passages, sentences
+from minedraft.training.prompts import build_prompts, doc_passages, document_requests, is_repetitive, sentences
 
 log = logging.getLogger("minedraft")
 
@@ -49,9 +49,12 @@ def generate_data(llm: LLM, data_dir: Path, num_prompts: int, shard_size: int, m
                   top_k: int, seed: int = 0, mix: str = "default") -> list[Path]:
     """Generate every missing shard; returns all shard paths. Half the replies are greedy, half
     sampled at temperature 1, so the drafter sees both regimes it will be used in. `mix`: the
-    prompt families (prompts.build_prompts)."""
+    prompt families (prompts.build_prompts); "written" first has the target write half as many
+    documents as prompts (written_documents, next to `data_dir`)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    prompts = build_prompts(num_prompts, seed, mix)
+    documents = written_documents(llm, data_dir.parent / "documents", num_prompts // 2, shard_size, seed) \
+        if mix == "written" else None
+    prompts = build_prompts(num_prompts, seed, mix, documents)
     paths = reply_shards(data_dir, num_prompts, shard_size)
     for path, first in zip(paths, range(0, num_prompts, shard_size)):
         if path.exists():
@@ -72,6 +75,38 @@ def generate_data(llm: LLM, data_dir: Path, num_prompts: int, shard_size: int, m
         write_shard(path, [reply_sample(category, p.greedy, out, top_k)
                            for (category, _), p, out in zip(chunk, params, outs)])
     return paths
+
+
+def written_documents(llm: LLM, folder: Path, num: int, shard_size: int, seed: int = 0,
+                      max_tokens: int = 450) -> list[dict]:
+    """The target's own articles for prompt mix "written" (prompts.document_requests), sampled at
+    temperature 0.8 / top-p 0.95 and written in resumable shards; articles that loop
+    (prompts.is_repetitive) or stop short of 600 characters are left out. Each document:
+    kind ("news" or "encyclopedia"), subject, about (person, place or thing), text."""
+    folder.mkdir(parents=True, exist_ok=True)
+    requests = document_requests(num, seed)
+    documents = []
+    starts = range(0, num, shard_size)
+    for start in tqdm(starts, desc="documents", unit="shard", disable=len(starts) < 2):
+        path = folder / f"documents-{start // shard_size:04d}.pt"
+        if not path.exists():
+            chunk = requests[start : start + shard_size]
+            params = [SamplingParams(temperature=0.8, top_p=0.95, max_tokens=max_tokens, seed=seed + start + i)
+                      for i in range(len(chunk))]
+            outs = llm.chat([[{"role": "user", "content": r["request"]}] for r in chunk], params, use_tqdm=False)
+            kept = []
+            for request, out in zip(chunk, outs):
+                text = out.outputs[0].text.strip()
+                if out.outputs[0].finish_reason == "length":  # end at the last whole sentence
+                    text = text[: max(text.rfind(". "), text.rfind(".\n")) + 1]
+                if len(text) >= 600 and not is_repetitive(text):
+                    kept.append({**request, "text": text})
+            tmp = path.with_suffix(".tmp")
+            torch.save(kept, tmp)
+            tmp.rename(path)
+            log.info("wrote %s (%d of %d documents kept)", path, len(kept), len(chunk))
+        documents += torch.load(path)
+    return documents
 
 
 def continuation_texts(num: int, seed: int = 0) -> list[tuple[str, str]]:

@@ -298,11 +298,113 @@ def spec_bench_like_makers() -> dict:
     return makers
 
 
-def build_prompts(num: int, seed: int = 0, mix: str = "default") -> list[tuple[str, str]]:
+# -- documents the target writes itself (mix "written") ---------------------------------------------------
+
+# Spec-Bench summarises news articles and answers from encyclopedia passages; no such text is
+# installed here, and heads trained on documentation to summarise fell far behind on them
+# (docs/DRAFT_MODEL.md, round 4). So the target writes its own articles first.
+NEWS_EVENTS = {
+    "place": ["a flood in {x}", "a wildfire near {x}", "an earthquake in {x}", "a storm that hit {x}",
+              "the opening of a new museum in {x}", "a mayoral election in {x}", "a strike by transport workers in {x}",
+              "a new hospital in {x}", "a festival that drew record crowds to {x}", "a bridge collapse in {x}",
+              "rising house prices in {x}", "a factory closing in {x}", "a football club from {x} winning a cup final",
+              "a court ruling in {x} about noise from an airport", "a rescue of hikers lost near {x}"],
+    "person": ["a new biography of {x}", "an exhibition about {x}", "a statue of {x} that was vandalised",
+               "letters by {x} found in an attic", "a film about the life of {x}"],
+    "thing": ["a shortage of {x}", "scientists who studied {x}", "a company recalling {x}",
+              "a school banning {x}", "a record price paid for {x}", "a town that taxes {x}"],
+}
+NEWS_ASKS = ["Write a news article about {e}.", "Write a newspaper report on {e}.",
+             "Write an online news story about {e}, with quotes from people involved.",
+             "Write a news article for a national newspaper about {e}."]
+ENCYCLOPEDIA_ASKS = {
+    "place": ["Write an encyclopedia article about {x}: its geography, history and economy."],
+    "person": ["Write an encyclopedia article about the life and work of {x}."],
+    "thing": ["Write an encyclopedia article about {x}.", "Write an encyclopedia entry explaining what a {x} is "
+              "and how it is used."],
+}
+
+
+def document_requests(num: int, seed: int = 0) -> list[dict]:
+    """`num` requests for the target to write a document: half news articles (to summarise), half
+    encyclopedia articles (to answer from), about WordNet's people, places and things. Request i
+    depends only on (seed, i)."""
+    terms = wordnet_terms()
+    if not terms["place"]:
+        raise ValueError("the written mix needs WordNet's nouns: apt-get install wordnet-base")
+    requests = []
+    for i in range(num):
+        rng = random.Random(f"written-{seed}-{i}")
+        kind = rng.choice(["person", "place", "place", "thing"])
+        subject = rng.choice(terms[kind])
+        if i % 2 == 0:
+            event = rng.choice(NEWS_EVENTS[kind]).format(x=subject)
+            requests.append({"kind": "news", "subject": subject, "about": kind,
+                             "request": rng.choice(NEWS_ASKS).format(e=event)})
+        else:
+            requests.append({"kind": "encyclopedia", "subject": subject, "about": kind,
+                             "request": rng.choice(ENCYCLOPEDIA_ASKS[kind]).format(x=subject)})
+    return requests
+
+
+def is_repetitive(text: str) -> bool:
+    """Whether a sentence of the text comes back: small models loop, and a loop is no article."""
+    seen = set()
+    for sentence in re.split(r"(?<=[.!?])\s+", text):
+        key = " ".join(sentence.lower().split())
+        if len(key) >= 20 and key in seen:
+            return True
+        seen.add(key)
+    return False
+
+
+def written_makers(documents: list[dict]) -> dict:
+    """Prompt makers for mix "written" over the target's own documents (training/data.py
+    written_documents): "Summarize: " and a news article; one to three encyclopedia articles back to
+    back, then a question on the first one's subject."""
+    news = [" ".join(d["text"].split()) for d in documents if d["kind"] == "news"]
+    entries = [d for d in documents if d["kind"] == "encyclopedia"]
+    if not news or not entries:
+        raise ValueError("the written mix needs news and encyclopedia documents")
+
+    def rag(rng: random.Random) -> str:
+        first = rng.choice(entries)
+        context = " ".join(" ".join(d["text"].split()) for d in [first, *rng.sample(entries, rng.randint(0, 2))])
+        question = rng.choice(QA[first["about"]] + RAG_QUESTIONS).format(x=first["subject"])
+        return f"{context[:4000]}\n{question}"
+
+    return {"summarization": lambda rng: f"Summarize: {rng.choice(news)}", "rag": rag}
+
+
+def build_prompts(num: int, seed: int = 0, mix: str = "default",
+                  documents: list[dict] | None = None) -> list[tuple[str, str]]:
     """`num` (category, user message) pairs; prompt i depends only on (seed, i, mix), so a longer
     list starts with a shorter one. mix "default": the original six families; "spec_bench": the
     families shaped like Spec-Bench's tasks (spec_bench_like_makers), about two thirds, beside the
-    original ones."""
+    original ones; "written": summarisation and answering from the target's own `documents`
+    (written_makers), half each."""
+    if mix == "written":
+        makers, weights = written_makers(documents or []), {"summarization": 1, "rag": 1}
+    elif mix in ("default", "spec_bench"):
+        makers, weights = original_makers(), {"writing": 3, "question": 3, "math": 2, "translation": 2, "passage": 3,
+                                              "code": 1}
+        if mix == "spec_bench":
+            makers.update(spec_bench_like_makers())
+            weights = {"writing": 2, "question": 2, "math": 1, "translation": 1, "passage": 1, "code": 1,
+                       "translation_de": 3, "summarization": 3, "qa": 3, "math_reasoning": 3, "rag": 3}
+    else:
+        raise ValueError(f"unknown prompt mix {mix!r} (default, spec_bench, written)")
+    names = list(makers)
+    prompts = []
+    for i in range(num):
+        rng = random.Random(f"{seed}-{i}")
+        name = rng.choices(names, weights=[weights[n] for n in names])[0]
+        prompts.append((name, makers[name](rng)))
+    return prompts
+
+
+def original_makers() -> dict:
+    """The six original families; without installed documentation, no translation or passage."""
     passages = doc_passages()
     lines = sentences(passages)
     makers = {
@@ -313,19 +415,6 @@ def build_prompts(num: int, seed: int = 0, mix: str = "default") -> list[tuple[s
         "passage": lambda rng: rng.choice(PASSAGE_TASKS).format(p=rng.choice(passages)),
         "code": lambda rng: rng.choice(CODE),
     }
-    weights = {"writing": 3, "question": 3, "math": 2, "translation": 2, "passage": 3, "code": 1}
-    if mix == "spec_bench":
-        makers.update(spec_bench_like_makers())
-        weights = {"writing": 2, "question": 2, "math": 1, "translation": 1, "passage": 1, "code": 1,
-                   "translation_de": 3, "summarization": 3, "qa": 3, "math_reasoning": 3, "rag": 3}
-    elif mix != "default":
-        raise ValueError(f"unknown prompt mix {mix!r} (default, spec_bench)")
     if not passages:
         del makers["translation"], makers["passage"]
-    names = list(makers)
-    prompts = []
-    for i in range(num):
-        rng = random.Random(f"{seed}-{i}")
-        name = rng.choices(names, weights=[weights[n] for n in names])[0]
-        prompts.append((name, makers[name](rng)))
-    return prompts
+    return makers

@@ -1,3 +1,5 @@
+import pytest
+
 from minedraft.training.prompts import build_prompts, math_problem
 
 
@@ -39,3 +41,41 @@ def test_fortune_entries_are_prose_without_attribution(tmp_path):
     (tmp_path / "sprueche").write_text("Erste Zeile eines Spruchs,\nzweite Zeile.\n\t\t-- Jemand\n%\n<nick> hallo welt "
                                        "wie geht es\n%\n|_|_| |_|\n%\n")
     assert fortunes(tmp_path) == ["Erste Zeile eines Spruchs, zweite Zeile."]
+
+
+def test_document_requests_alternate_news_and_encyclopedia_articles_reproducibly():
+    from minedraft.training.prompts import document_requests, wordnet_terms
+
+    if not wordnet_terms()["place"]:
+        pytest.skip("needs WordNet (apt-get install wordnet-base)")
+    short, long = document_requests(10, seed=1), document_requests(20, seed=1)
+    assert long[:10] == short and document_requests(10, seed=2) != short
+    assert [r["kind"] for r in short] == ["news", "encyclopedia"] * 5
+    for r in long:
+        assert r["about"] in ("person", "place", "thing") and r["subject"] in r["request"]
+
+
+def test_a_looping_text_is_repetitive():
+    from minedraft.training.prompts import is_repetitive
+
+    assert is_repetitive("The river is long and wide. It flows east. The river is long and wide. The end.")
+    assert not is_repetitive("The river is long and wide. It flows east to the sea. Fish live in it.")
+    assert not is_repetitive("Yes. Yes. Yes.")  # short sentences repeat in real prose
+
+
+def test_the_written_mix_summarises_news_and_answers_from_encyclopedia_articles():
+    documents = [{"kind": "news", "subject": "Lyon", "about": "place", "text": "A museum opened in Lyon.\n\nIt is big."},
+                 {"kind": "encyclopedia", "subject": "Newton", "about": "person", "text": "Newton was a physicist."},
+                 {"kind": "encyclopedia", "subject": "owl", "about": "thing", "text": "An owl is a bird."}]
+    prompts = build_prompts(60, seed=3, mix="written", documents=documents)
+    assert prompts == build_prompts(60, seed=3, mix="written", documents=documents)
+    assert {kind for kind, _ in prompts} == {"summarization", "rag"}
+    for kind, text in prompts:
+        if kind == "summarization":
+            assert text == "Summarize: A museum opened in Lyon. It is big."
+        else:
+            context, question = text.rsplit("\n", 1)
+            subject = "Newton" if context.startswith("Newton") else "owl"
+            assert subject in question and context.startswith(("Newton was", "An owl is"))
+    with pytest.raises(ValueError, match="news and encyclopedia"):
+        build_prompts(4, mix="written", documents=documents[1:])
