@@ -50,3 +50,16 @@ def test_written_documents_keep_whole_articles_and_resume_from_their_shards(tmp_
     assert documents[1]["text"] == article and documents[0]["request"] == "Write about s0."
     assert sorted(p.name for p in tmp_path.iterdir()) == ["documents-0000.pt", "documents-0001.pt"]
     assert data.written_documents(llm, tmp_path, 6, shard_size=4) == documents and llm.calls == 2
+
+
+def test_the_written_mix_has_the_target_write_its_documents_first(tiny_chat, tmp_path, monkeypatch):
+    documents = [{"kind": "news", "subject": "Lyon", "about": "place", "text": "A museum opened in Lyon today."},
+                 {"kind": "encyclopedia", "subject": "owl", "about": "thing", "text": "An owl is a bird of prey."}]
+    calls = []
+    monkeypatch.setattr(data, "written_documents",
+                        lambda llm, folder, num, shard_size, seed: calls.append((folder, num)) or documents)
+    with LLM(str(tiny_chat), max_model_len=256, max_num_seqs=4) as llm:
+        paths = data.generate_data(llm, tmp_path / "data", 4, 4, max_tokens=4, top_k=2, mix="written")
+    assert calls == [(tmp_path / "documents", 2)]  # half as many documents as prompts, beside the replies
+    samples = torch.load(paths[0])
+    assert len(samples) == 4 and {s["category"] for s in samples} <= {"summarization", "rag"}
