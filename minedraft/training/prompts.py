@@ -3,7 +3,8 @@
 The drafter learns from the target's replies to these, so they span the kinds of requests the
 benchmark measures — conversation and writing, questions, maths, translation, summarisation,
 answering from a passage, code — without using any benchmark text. Passages come from the
-documentation installed on the machine (Debian's /usr/share/doc) and from Python's own docstrings.
+documentation installed on the machine (Debian's /usr/share/doc) and from Python's own docstrings,
+or (mix "written") from articles the target writes itself.
 """
 
 import gzip
