@@ -13,6 +13,7 @@ from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.engine.sequence import RequestOutput
 from minedraft.llm import LLM
 from minedraft.sampling import SamplingParams
+from minedraft.training.distill import save_atomically
 from minedraft.training.prompts import build_prompts, doc_passages, document_requests, is_repetitive, sentences
 
 log = logging.getLogger("minedraft")
@@ -34,9 +35,7 @@ def reply_sample(category: str, greedy: bool, out: RequestOutput, top_k: int) ->
 
 
 def write_shard(path: Path, samples: list[dict]) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(samples, tmp)
-    tmp.rename(path)  # a shard exists only once complete
+    save_atomically(path, samples)  # a shard exists only once complete
     log.info("wrote %s (%d replies, %d tokens)", path, len(samples), sum(len(s["reply"]) for s in samples))
 
 
@@ -101,9 +100,7 @@ def written_documents(llm: LLM, folder: Path, num: int, shard_size: int, seed: i
                     text = text[: max(text.rfind(". "), text.rfind(".\n")) + 1]
                 if len(text) >= 600 and not is_repetitive(text):
                     kept.append({**request, "text": text})
-            tmp = path.with_suffix(".tmp")
-            torch.save(kept, tmp)
-            tmp.rename(path)
+            save_atomically(path, kept)
             log.info("wrote %s (%d of %d documents kept)", path, len(kept), len(chunk))
         documents += torch.load(path)
     return documents

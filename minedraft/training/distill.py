@@ -299,8 +299,8 @@ def append_record(log_path: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def save_atomically(path: Path, state: dict) -> None:
-    """Write to a temporary file first: an interrupted save leaves the previous checkpoint whole."""
+def save_atomically(path: Path, state: object) -> None:
+    """Write to a temporary file first: an interrupted save leaves the previous file whole, or none."""
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
     tmp.rename(path)

@@ -27,7 +27,7 @@ from minedraft.models.eagle3 import Eagle3Args, Eagle3Head, default_aux_layers, 
 from minedraft.models.hf_format import ModelArgs
 from minedraft.models.llama import Decoder, rope_tables, rotate
 from minedraft.models.loader import read_config
-from minedraft.training.distill import batches
+from minedraft.training.distill import batches, save_atomically
 
 log = logging.getLogger("minedraft")
 
@@ -89,9 +89,7 @@ def feature_shards(target: Decoder, data_shards: list[Path], out: Path, aux_laye
         if not path.exists():
             samples = [{k: s[k] for k in ("category", "greedy", "prompt", "reply")} for s in torch.load(shard)]
             extract_features(runner, aux_layers, samples)
-            tmp = path.with_suffix(".tmp")
-            torch.save(samples, tmp)
-            tmp.rename(path)
+            save_atomically(path, samples)
         paths.append(path)
     return paths
 
@@ -256,12 +254,10 @@ class Trainer:
             warm_start(self.head, init_from)
 
     def save(self) -> None:
-        tmp = self.checkpoint.with_suffix(".tmp")
-        torch.save({"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step,
-                    "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "seconds": self.seconds,
-                    "best": self.best, "vocab_ids": self.head.draft_to_target.clone(),
-                    "config": asdict(self.config)}, tmp)
-        tmp.rename(self.checkpoint)
+        save_atomically(self.checkpoint, {
+            "head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step,
+            "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "seconds": self.seconds, "best": self.best,
+            "vocab_ids": self.head.draft_to_target.clone(), "config": asdict(self.config)})
 
     def lr(self) -> float:
         c = self.config

@@ -370,7 +370,9 @@ def written_makers(documents: list[dict]) -> dict:
 
     def rag(rng: random.Random) -> str:
         first = rng.choice(entries)
-        context = " ".join(" ".join(d["text"].split()) for d in [first, *rng.sample(entries, rng.randint(0, 2))])
+        others = [d for d in entries if d is not first]
+        extra = rng.sample(others, min(len(others), rng.randint(0, 2)))
+        context = " ".join(" ".join(d["text"].split()) for d in [first, *extra])
         question = rng.choice(QA[first["about"]] + RAG_QUESTIONS).format(x=first["subject"])
         return f"{context[:4000]}\n{question}"
 

@@ -79,3 +79,11 @@ def test_the_written_mix_summarises_news_and_answers_from_encyclopedia_articles(
             assert subject in question and context.startswith(("Newton was", "An owl is"))
     with pytest.raises(ValueError, match="news and encyclopedia"):
         build_prompts(4, mix="written", documents=documents[1:])
+
+
+def test_the_written_mix_puts_each_encyclopedia_article_in_a_context_once():
+    documents = [{"kind": "news", "subject": "Lyon", "about": "place", "text": "A museum opened in Lyon."},
+                 {"kind": "encyclopedia", "subject": "Newton", "about": "person", "text": "Newton was a physicist."}]
+    for kind, text in build_prompts(40, seed=1, mix="written", documents=documents):
+        if kind == "rag":  # one encyclopedia article only: it cannot be sampled again as an extra one
+            assert text.count("Newton was a physicist.") == 1
