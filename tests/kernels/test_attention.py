@@ -33,12 +33,16 @@ def reference(q, k, v, k_cache, v_cache, rows):
 @needs_kernel
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 16), (2, 1, 128)])
-@pytest.mark.parametrize("rows", [[[2, 10, 1]], [[0, 0, 5], [3, 44, 6], [1, 7, 1]], [[1, 0, 1], [0, 63, 1]]])
+# The last case crosses the kernel's tiles of 64 keys and blocks of 16 at other places in each row
+# and brings 16 tokens (a row's most) to one row.
+@pytest.mark.parametrize("rows", [[[2, 10, 1]], [[0, 0, 5], [3, 44, 6], [1, 7, 1]], [[1, 0, 1], [0, 63, 1]],
+                                  [[0, 150, 16], [3, 64, 1], [1, 127, 2], [2, 0, 16]]])
 def test_kernel_equals_the_definition(dtype, tolerance, heads, kv_heads, head_dim, rows):
     torch.manual_seed(heads * 100 + head_dim + len(rows))
     rows = torch.tensor(rows)
     n, padded = int(rows[:, 2].sum()), int(rows[:, 2].sum()) + 3  # padding rows past the real tokens
-    k_cache, v_cache = (torch.randn(4, kv_heads, 64, head_dim).to(dtype) for _ in range(2))
+    length = max(64, int((rows[:, 1] + rows[:, 2]).max()) + 5)
+    k_cache, v_cache = (torch.randn(4, kv_heads, length, head_dim).to(dtype) for _ in range(2))
     q, k, v = (torch.randn(padded, h, head_dim).to(dtype) for h in (heads, kv_heads, kv_heads))
     want, want_k, want_v = reference(q, k, v, k_cache, v_cache, rows)
     got = attention_kernel.cached_attention(q, k, v, k_cache, v_cache, rows)
@@ -46,6 +50,21 @@ def test_kernel_equals_the_definition(dtype, tolerance, heads, kv_heads, head_di
     assert (got[n:] == 0).all()
     torch.testing.assert_close(got.double(), want, rtol=tolerance, atol=tolerance)
     assert torch.equal(k_cache.double(), want_k) and torch.equal(v_cache.double(), want_v)
+
+
+@needs_kernel
+def test_a_querys_bits_do_not_depend_on_the_other_queries():
+    """A token verified among five (15 queries sharing each key-value head, in two groups for the
+    values), beside another row, gets the same bits as when it is decoded alone: what makes a
+    verification's scores equal the plain decode step's at the same position."""
+    torch.manual_seed(0)
+    k_cache, v_cache = torch.randn(2, 3, 160, 64), torch.randn(2, 3, 160, 64)
+    q, k, v = torch.randn(6, 9, 64), torch.randn(6, 3, 64), torch.randn(6, 3, 64)
+    together = attention_kernel.cached_attention(q, k, v, k_cache.clone(), v_cache.clone(),
+                                                 torch.tensor([[1, 40, 1], [0, 100, 5]]))
+    alone = attention_kernel.cached_attention(q[1:2], k[1:2], v[1:2], k_cache.clone(), v_cache.clone(),
+                                              torch.tensor([[0, 100, 1]]))
+    assert torch.equal(together[1], alone[0])
 
 
 @needs_kernel
