@@ -76,7 +76,8 @@ inline __m512 sum_lanes(const __m512 (&a)[kLanes]) {
 }
 
 // Asks for a row of D values ahead of its use, into L2: with FMAs between the loads, the hardware
-// prefetcher alone left a decode step's attention at about half the bandwidth the weights stream at.
+// prefetcher alone left a decode step's attention at about 60% of the bandwidth the weights stream
+// at (docs/BENCHMARKS.md, 2026-12-03).
 template <typename T>
 inline void prefetch_row(const T* row, int64_t D) {
   for (int64_t i = 0; i < D; i += 64 / static_cast<int64_t>(sizeof(T)))
@@ -88,6 +89,11 @@ inline void prefetch_row(const T* row, int64_t D) {
 struct Asks {
   int64_t keys = 0, values = 0;
   Asks from(int64_t j) const { return {keys - j, values - j}; }
+  template <typename T>
+  void row(const T* K, const T* V, int64_t j, int64_t D) const {  // the rows beside key j
+    if (j < keys) prefetch_row(K + (kTile + j) * D, D);
+    if (j < values) prefetch_row(V + j * D, D);
+  }
 };
 
 // Scores of sixteen keys in a row, K [16, C * 16], for a query held in registers, asking for the
@@ -96,8 +102,7 @@ template <typename T, int C>
 inline __m512 block_scores(const __m512 (&qv)[C], const T* K, const T* V, Asks asks) {
   __m512 a[kLanes];
   for (int j = 0; j < kLanes; ++j) {
-    if (j < asks.keys) prefetch_row(K + (kTile + j) * C * kLanes, C * kLanes);
-    if (j < asks.values) prefetch_row(V + j * C * kLanes, C * kLanes);
+    asks.row(K, V, j, C * kLanes);
     __m512 acc = _mm512_mul_ps(qv[0], load(K + j * C * kLanes));
     for (int c = 1; c < C; ++c) acc = _mm512_fmadd_ps(qv[c], load(K + (j * C + c) * kLanes), acc);
     a[j] = acc;
@@ -120,10 +125,7 @@ void query_scores(const float* qs, const T* K, const T* V, int64_t n, float* sco
     alignas(64) T tail[kLanes * C * kLanes] = {};
     std::copy(K + whole * C * kLanes, K + n * C * kLanes, tail);
     _mm512_storeu_ps(scores + whole, block_scores<T, C>(qv, tail, tail, Asks{}));  // scores has room for whole blocks
-    for (int64_t j = whole; j < std::max(asks.keys, asks.values); ++j) {
-      if (j < asks.keys) prefetch_row(K + (kTile + j) * C * kLanes, C * kLanes);
-      if (j < asks.values) prefetch_row(V + j * C * kLanes, C * kLanes);
-    }
+    for (int64_t j = whole; j < std::max(asks.keys, asks.values); ++j) asks.row(K, V, j, C * kLanes);
   }
 }
 

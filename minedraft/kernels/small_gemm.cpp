@@ -5,7 +5,8 @@
 // product costs what streaming them costs, and oneDNN's and MKL's cost well above one pass
 // (docs/BENCHMARKS.md). Here W is packed once into panels of 32 columns, [panels, K, 32]
 // (minedraft/kernels/small_gemm.py), and each panel is multiplied with every row of x before the
-// next one is read: it comes from memory once and from L2 for the later row blocks.
+// next one is read: it comes from memory once, and from L1 for the later row blocks (a chunk of it
+// at a time).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -64,11 +65,12 @@ struct BF16 {
 
 // Rows x[0..R) against the k terms [k_begin, k_end) of one panel, kChunk at a time: 2R float32
 // accumulators, each weight vector loaded once per k step, each chunk's sums added to y (float32,
-// in L1; the bias first, at k = 0). Summing K in chunks: with one running sum over all of K, SmolLM2's float32 logits were
-// 1.4e-4 off float64's (oneDNN / MKL: 6e-5); in chunks, 3.4e-5. The row blocks of a chunk share
-// its prefetching: block `prefetch_phase` of `prefetch_every` asks at that block's turn of the k
-// steps. With the first block asking for all of it, products of 16 to 64 rows took 1.1-1.2x as
-// long (docs/BENCHMARKS.md): its requests came in bursts, idle while the other blocks ran.
+// in L1; the bias first, at k = 0). Summing K in chunks: with one running sum over all of K,
+// SmolLM2's float32 logits were 1.4e-4 off float64's (oneDNN / MKL: 6e-5); in chunks, 3.4e-5.
+// The row blocks of a chunk share its prefetching: block `prefetch_phase` of `prefetch_every` asks
+// at that block's turn of the k steps. With the first block asking for all of it, products of 16
+// to 64 rows took 1.1-1.2x as long (docs/BENCHMARKS.md): its requests came in bursts, idle while
+// the other blocks ran.
 template <typename E, int R>
 void panel_block(const typename E::T* x, int64_t K, int64_t k_begin, int64_t k_end, const typename E::T* panel,
                  const float* bias, float* y, int64_t ldy, int64_t cols, int64_t prefetch_phase,
@@ -136,8 +138,7 @@ void multiply(const at::Tensor& x, const at::Tensor& panels, int64_t n, const fl
       const int64_t col = p * kPanel, cols = std::min(kPanel, n - col);
       // With several row blocks, a chunk of the panel (8 KB in float32) meets every block before
       // the next is read, so it comes from L1 after the first; each row's sums come out as they
-      // would alone. One block takes the whole panel in one call (a call per chunk cost 5-row
-      // products 4%).
+      // would alone. A lone block takes the whole panel in one call.
       const int64_t span = nblocks == 1 ? K : kChunk;
       for (int64_t k0 = 0; k0 < K; k0 += span)
         for (int64_t row = 0; row < M; row += block_rows) {
