@@ -75,9 +75,10 @@ inline __m512 sum_lanes(const __m512 (&a)[kLanes]) {
                        _mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// Asks for a row of D values ahead of its use, into L2: with FMAs between the loads, the hardware
-// prefetcher alone left a decode step's attention at about 60% of the bandwidth the weights stream
-// at (docs/BENCHMARKS.md, 2026-12-03).
+// Asks for a row of D values ahead of its use, into L2. Measured with scripts/kernel_ab.py
+// (docs/BENCHMARKS.md, 2026-12-03 review): without these requests, two of three runs timed the
+// same and the third 1.02x (decode step) to 1.04x (verification) as long. Probes outside the
+// repository, under load, had read far more (0.81 -> 0.61 ms a layer); that did not reproduce.
 template <typename T>
 inline void prefetch_row(const T* row, int64_t D) {
   for (int64_t i = 0; i < D; i += 64 / static_cast<int64_t>(sizeof(T)))
@@ -231,8 +232,10 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tens
       const int64_t queries = rows[b * 3 + 2] * group, n = length(task);
       const T* K = keys(task);
       const T* V = vc + (K - kc);
-      for (int64_t r = 0; r < queries; ++r) {  // query r: token r / group, head g * group + r % group
-        const T* qr = qp + ((first[b] + r / group) * H + g * group + r % group) * D;
+      // Query r: token r / group of the row, head g * group + r % group.
+      const auto at = [&](int64_t r) { return ((first[b] + r / group) * H + g * group + r % group) * D; };
+      for (int64_t r = 0; r < queries; ++r) {
+        const T* qr = qp + at(r);
         for (int64_t d = 0; d < D; ++d) scaled[r * D + d] = static_cast<float>(qr[d]) * scale;
         limits[r] = start + r / group + 1;  // causal: keys 0..start + token
         weights[r] = scores.data() + r * stride;
@@ -259,7 +262,7 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tens
               weights.data() + r, V, t0, std::min(kTile, n - t0), D, accumulators.data() + r, next,
               r == 0 && t0 == 0 ? ahead : 0);
       for (int64_t r = 0; r < queries; ++r) {
-        T* out = op + ((first[b] + r / group) * H + g * group + r % group) * D;
+        T* out = op + at(r);
         const __m512 inv = _mm512_set1_ps(1.0f / totals[r]);
         for (int64_t c = 0; c < D; c += kLanes) store(out + c, _mm512_mul_ps(_mm512_loadu_ps(accumulators[r] + c), inv));
       }

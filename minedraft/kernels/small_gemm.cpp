@@ -63,60 +63,55 @@ struct BF16 {
 };
 #endif
 
-// Rows x[0..R) against the k terms [k_begin, k_end) of one panel, kChunk at a time: 2R float32
-// accumulators, each weight vector loaded once per k step, each chunk's sums added to y (float32,
-// in L1; the bias first, at k = 0). Summing K in chunks: with one running sum over all of K,
-// SmolLM2's float32 logits were 1.4e-4 off float64's (oneDNN / MKL: 6e-5); in chunks, 3.4e-5.
-// The row blocks of a chunk share its prefetching: block `prefetch_phase` of `prefetch_every` asks
-// at that block's turn of the k steps. With the first block asking for all of it, products of 16
-// to 64 rows took 1.1-1.2x as long (docs/BENCHMARKS.md): its requests came in bursts, idle while
-// the other blocks ran.
+// Rows x[0..R) against the k terms [k0, k0 + kChunk) of one panel: 2R float32 accumulators, each
+// weight vector loaded once per k step, their sums added to y (float32, in L1; the bias first, at
+// k0 = 0). Summing K in chunks: with one running sum over all of K, SmolLM2's float32 logits were
+// 1.4e-4 off float64's (oneDNN / MKL: 6e-5); in chunks, 3.4e-5. The row blocks of a chunk share
+// its prefetching: block `prefetch_phase` of `prefetch_every` asks at that block's turn of the k
+// steps. With the first block asking for all of it, products of 16 to 64 rows took 1.1-1.2x as
+// long (docs/BENCHMARKS.md): its requests came in bursts, idle while the other blocks ran.
 template <typename E, int R>
-void panel_block(const typename E::T* x, int64_t K, int64_t k_begin, int64_t k_end, const typename E::T* panel,
-                 const float* bias, float* y, int64_t ldy, int64_t cols, int64_t prefetch_phase,
-                 int64_t prefetch_every) {
+void panel_block(const typename E::T* x, int64_t K, int64_t k0, const typename E::T* panel, const float* bias,
+                 float* y, int64_t ldy, int64_t cols, int64_t prefetch_phase, int64_t prefetch_every) {
   constexpr int64_t step = E::kTerms, second = 16 * E::kTerms;  // per k step; the second vector's offset
   constexpr int64_t ahead = kPrefetchBytes / sizeof(typename E::T);
   const __mmask16 m0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
   const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
+  __m512 a0[R], a1[R];
+  for (int r = 0; r < R; ++r) {
+    a0[r] = _mm512_setzero_ps();
+    a1[r] = _mm512_setzero_ps();
+  }
   int64_t turn = prefetch_phase;
-  for (int64_t k0 = k_begin; k0 < k_end; k0 += kChunk) {
-    __m512 a0[R], a1[R];
+  for (int64_t k = k0; k < std::min(K, k0 + kChunk); k += step) {
+    const typename E::T* w = panel + k * kPanel;  // k step k / step, 32 lanes of `step` terms
+    // The packed panels are contiguous: this runs on into the next ones. (The first test keeps the
+    // counter out of a lone block's loop: with it, 5-row products took 4% longer.)
+    if (prefetch_every == 1 || turn-- == 0) {
+      turn = prefetch_every - 1;
+      _mm_prefetch(reinterpret_cast<const char*>(w + ahead), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(w + ahead + second), _MM_HINT_T1);
+    }
+    const __m512 w0 = _mm512_load_ps(reinterpret_cast<const float*>(w));
+    const __m512 w1 = _mm512_load_ps(reinterpret_cast<const float*>(w + second));
     for (int r = 0; r < R; ++r) {
-      a0[r] = _mm512_setzero_ps();
-      a1[r] = _mm512_setzero_ps();
+      const __m512 xr = E::broadcast(x + r * K + k);
+      a0[r] = E::madd(a0[r], xr, w0);
+      a1[r] = E::madd(a1[r], xr, w1);
     }
-    for (int64_t k = k0; k < std::min(K, k0 + kChunk); k += step) {
-      const typename E::T* w = panel + k * kPanel;  // k step k / step, 32 lanes of `step` terms
-      // The packed panels are contiguous: this runs on into the next ones. (The first test lets
-      // the compiler drop the counter from a lone block's loop: with it, 5-row products took 4-7%
-      // longer.)
-      if (prefetch_every == 1 || turn-- == 0) {
-        turn = prefetch_every - 1;
-        _mm_prefetch(reinterpret_cast<const char*>(w + ahead), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char*>(w + ahead + second), _MM_HINT_T1);
-      }
-      const __m512 w0 = _mm512_load_ps(reinterpret_cast<const float*>(w));
-      const __m512 w1 = _mm512_load_ps(reinterpret_cast<const float*>(w + second));
-      for (int r = 0; r < R; ++r) {
-        const __m512 xr = E::broadcast(x + r * K + k);
-        a0[r] = E::madd(a0[r], xr, w0);
-        a1[r] = E::madd(a1[r], xr, w1);
-      }
-    }
-    for (int r = 0; r < R; ++r) {  // y = bias + chunk sums, in order
-      const float* base = k0 == 0 ? bias : y + r * ldy;
-      const __m512 t0 = base ? _mm512_maskz_loadu_ps(m0, base) : _mm512_setzero_ps();
-      const __m512 t1 = base ? _mm512_maskz_loadu_ps(m1, base + 16) : _mm512_setzero_ps();
-      _mm512_mask_storeu_ps(y + r * ldy, m0, _mm512_add_ps(t0, a0[r]));
-      _mm512_mask_storeu_ps(y + r * ldy + 16, m1, _mm512_add_ps(t1, a1[r]));
-    }
+  }
+  for (int r = 0; r < R; ++r) {  // y = bias + chunk sums, in order
+    const float* base = k0 == 0 ? bias : y + r * ldy;
+    const __m512 t0 = base ? _mm512_maskz_loadu_ps(m0, base) : _mm512_setzero_ps();
+    const __m512 t1 = base ? _mm512_maskz_loadu_ps(m1, base + 16) : _mm512_setzero_ps();
+    _mm512_mask_storeu_ps(y + r * ldy, m0, _mm512_add_ps(t0, a0[r]));
+    _mm512_mask_storeu_ps(y + r * ldy + 16, m1, _mm512_add_ps(t1, a1[r]));
   }
 }
 
 template <typename E>
-using BlockFn = void (*)(const typename E::T*, int64_t, int64_t, int64_t, const typename E::T*, const float*, float*,
-                         int64_t, int64_t, int64_t, int64_t);
+using BlockFn = void (*)(const typename E::T*, int64_t, int64_t, const typename E::T*, const float*, float*, int64_t,
+                         int64_t, int64_t, int64_t);
 
 template <typename E, int... Rs>
 constexpr auto block_table(std::integer_sequence<int, Rs...>) {
@@ -136,15 +131,13 @@ void multiply(const at::Tensor& x, const at::Tensor& panels, int64_t n, const fl
   at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t col = p * kPanel, cols = std::min(kPanel, n - col);
-      // With several row blocks, a chunk of the panel (8 KB in float32) meets every block before
-      // the next is read, so it comes from L1 after the first; each row's sums come out as they
-      // would alone. A lone block takes the whole panel in one call.
-      const int64_t span = nblocks == 1 ? K : kChunk;
-      for (int64_t k0 = 0; k0 < K; k0 += span)
+      // A chunk of the panel (8 KB in float32) meets every row block before the next is read, so
+      // it comes from L1 after the first; each row's sums come out as they would alone.
+      for (int64_t k0 = 0; k0 < K; k0 += kChunk)
         for (int64_t row = 0; row < M; row += block_rows) {
           const int64_t rows = std::min(block_rows, M - row);
-          blocks[rows - 1](xp + row * K, K, k0, std::min(K, k0 + span), wp + p * K * kPanel, bp ? bp + col : nullptr,
-                           yp + row * n + col, n, cols, row / block_rows, nblocks);
+          blocks[rows - 1](xp + row * K, K, k0, wp + p * K * kPanel, bp ? bp + col : nullptr, yp + row * n + col, n,
+                           cols, row / block_rows, nblocks);
         }
     }
   });

@@ -55,15 +55,16 @@ def test_kernel_equals_the_definition(dtype, tolerance, heads, kv_heads, head_di
 @needs_kernel
 def test_a_querys_bits_do_not_depend_on_the_other_queries():
     """A token verified among five (15 queries sharing each key-value head, in two groups for the
-    values), beside another row, gets the same bits as when it is decoded alone: what makes a
-    verification's scores equal the plain decode step's at the same position."""
+    values; the row's keys run into a second tile of 64, where the token's own end in the first),
+    beside another row, gets the same bits as when it is decoded alone: what makes a verification's
+    scores equal the plain decode step's at the same position."""
     torch.manual_seed(0)
     k_cache, v_cache = torch.randn(2, 3, 160, 64), torch.randn(2, 3, 160, 64)
     q, k, v = torch.randn(6, 9, 64), torch.randn(6, 3, 64), torch.randn(6, 3, 64)
     together = attention_kernel.cached_attention(q, k, v, k_cache.clone(), v_cache.clone(),
-                                                 torch.tensor([[1, 40, 1], [0, 100, 5]]))
+                                                 torch.tensor([[1, 40, 1], [0, 62, 5]]))
     alone = attention_kernel.cached_attention(q[1:2], k[1:2], v[1:2], k_cache.clone(), v_cache.clone(),
-                                              torch.tensor([[0, 100, 1]]))
+                                              torch.tensor([[0, 62, 1]]))
     assert torch.equal(together[1], alone[0])
 
 
