@@ -8,6 +8,7 @@ panel of W before reading the next, in float32, and in bfloat16 where the CPU ha
 built (`kernels.build`) the models keep their other paths.
 """
 
+import ctypes
 import functools
 import logging
 import os
@@ -24,8 +25,10 @@ log = logging.getLogger(__name__)
 
 PANEL = 32  # columns per packed panel; small_gemm.cpp's kPanel
 # Products of up to this many rows use the kernel; bigger ones (prefill) oneDNN's packed weights.
-# Measured up to 64 rows, where the kernel was still 1.0-1.2x faster (docs/BENCHMARKS.md).
-MAX_ROWS = 64
+# On SmolLM2's shapes the kernel took 0.89x oneDNN's time at 64-72 rows, 0.92x at 80, 0.96x at 96
+# and 1.02x at 128 (docs/BENCHMARKS.md, 2026-12-03): a served step of 64 prompt tokens beside a
+# few streams' rows stays with it.
+MAX_ROWS = 96
 # Except eager bfloat16 products on a CPU with AMX: there oneDNN's packed weights go through the
 # tile unit and stream once for any number of rows, while the kernel's dot products turn
 # compute-bound: from 5 rows oneDNN is quicker (0.6x the kernel's time at 8 rows, 0.2-0.3x at 40,
@@ -35,6 +38,8 @@ MAX_ROWS_BF16_AMX = 4
 # step time) and lose from two (0.96x), far at four (0.69x: a 4-token step 62 -> 42 ms on the Xeon,
 # docs/BENCHMARKS.md), so graphs call the kernel from 2 rows on.
 GRAPH_MIN_ROWS = 2
+
+MADV_HUGEPAGE = 14  # Linux's madvise advice
 
 _state: dict[str, bool] = {}  # "ok": usable; missing: not asked yet
 
@@ -89,22 +94,68 @@ def applies(rows: int, dtype: torch.dtype, compiling: bool) -> bool:
     return 1 <= rows <= (MAX_ROWS_BF16_AMX if dtype == torch.bfloat16 and _has_amx() else MAX_ROWS)
 
 
-def pack(weight: torch.Tensor) -> Packed | None:
-    """`weight` ([K, N], the models' [in, out] layout) packed for the kernel; None where the kernel
-    does not apply (not on CPU, not built, a dtype it does not multiply here). bfloat16 panels hold
+def packable(weight: torch.Tensor) -> bool:
+    """Whether the kernel multiplies `weight` ([K, N]) here: on CPU, built, float32, or bfloat16
+    with an even K where the CPU has AVX512-BF16."""
+    if weight.device.type != "cpu" or not build():
+        return False
+    return weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and weight.shape[0] % 2 == 0
+                                             and bf16_supported())
+
+
+def pack(weight: torch.Tensor, out: torch.Tensor | None = None) -> Packed | None:
+    """`weight` ([K, N], the models' [in, out] layout) packed for the kernel, into `out` (flat, of
+    its size) if given; None where the kernel does not apply (`packable`). bfloat16 panels hold
     each pair of adjacent k terms side by side ([P, K / 2, 32, 2], viewed as [P, K, 32]), the
     operand layout of the CPU's bfloat16 dot product."""
-    if weight.device.type != "cpu" or not build():
+    if not packable(weight):
         return None
     K, N = weight.shape
     padded = F.pad(weight.detach(), (0, -N % PANEL))
     P = padded.shape[1] // PANEL
     if weight.dtype == torch.float32:
-        return Packed(padded.view(K, P, PANEL).transpose(0, 1).contiguous(), weight)
-    if weight.dtype == torch.bfloat16 and K % 2 == 0 and bf16_supported():
-        pairs = padded.view(K // 2, 2, P, PANEL).permute(2, 0, 3, 1).contiguous()
-        return Packed(pairs.view(P, K, PANEL), weight)
-    return None
+        layout = padded.view(K, P, PANEL).transpose(0, 1)
+    else:
+        layout = padded.view(K // 2, 2, P, PANEL).permute(2, 0, 3, 1)
+    panels = layout.contiguous() if out is None else out.view(layout.shape).copy_(layout)
+    return Packed(panels.view(P, K, PANEL), weight)
+
+
+def pack_in_order(weights: list[torch.Tensor]) -> list[Packed | None]:
+    """`pack` for each weight, their panels in one buffer per dtype, one after another in the
+    order given (the order a forward pass multiplies them). The kernel's requests ahead then run
+    on from one product into the next, and the memory sees one long stream rather than 121 short
+    ones: 2.3-2.6% off the products of a one-row step, and 3.2-3.5% where the buffer also got
+    huge pages (docs/BENCHMARKS.md, 2026-12-03)."""
+    sizes = [-(-w.shape[1] // PANEL) * PANEL * w.shape[0] if packable(w) else 0 for w in weights]
+    buffers = {dtype: _huge_page_buffer(sum(n for n, w in zip(sizes, weights) if w.dtype == dtype), dtype)
+               for dtype in {w.dtype for n, w in zip(sizes, weights) if n}}
+    offsets = dict.fromkeys(buffers, 0)
+    packs = []
+    for n, w in zip(sizes, weights):
+        if not n:
+            packs.append(None)
+            continue
+        start = offsets[w.dtype]  # a multiple of 32 elements: every panel stays 64-byte aligned
+        packs.append(pack(w, buffers[w.dtype][start : start + n]))
+        offsets[w.dtype] = start + n
+    return packs
+
+
+def _huge_page_buffer(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """An untouched buffer of `numel` elements whose whole 2 MB pages are advised as huge pages
+    (Linux's madvise; elsewhere, or refused, a plain buffer: the advice only speeds streaming up)."""
+    buffer = torch.empty(numel, dtype=dtype)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        huge, address = 2 << 20, buffer.data_ptr()
+        first = -(-address // huge) * huge
+        length = (address + buffer.numel() * buffer.element_size() - first) // huge * huge
+        if length > 0:
+            libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(length), MADV_HUGEPAGE)
+    except (OSError, AttributeError):
+        pass
+    return buffer
 
 
 @contextmanager

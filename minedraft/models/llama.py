@@ -90,9 +90,9 @@ def pack_for_cpu(model: nn.Module, dtype: torch.dtype, device: torch.device, com
 
 
 def pack_linears(model: nn.Module, keep_dense: bool) -> None:
-    for module in model.modules():
-        if isinstance(module, Linear):
-            module.pack(keep_dense)
+    linears = [m for m in model.modules() if isinstance(m, Linear)]  # in the order a forward pass calls them
+    for module, small in zip(linears, small_gemm.pack_in_order([m.weight for m in linears])):
+        module.pack(keep_dense, small)
 
 
 class Linear(nn.Module):
@@ -131,12 +131,13 @@ class Linear(nn.Module):
         y = x @ self.weight
         return y if self.bias is None else y + self.bias
 
-    def pack(self, keep_dense: bool) -> None:
+    def pack(self, keep_dense: bool, small: small_gemm.Packed | None) -> None:
         """Reorder the weight once into oneDNN's blocked layout (unpacked, every product re-blocks
-        it) and, where the small-row kernel applies (float32, built), into its panels. `keep_dense`
-        keeps the [in, out] copy, which one row multiplies without the kernel."""
+        it) and take `small`, its panels for the small-row kernel where that applies (None
+        elsewhere; `pack_linears` packs a model's weights together). `keep_dense` keeps the
+        [in, out] copy, which one row multiplies without the kernel."""
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach().t().contiguous(), None)
-        self.small = small_gemm.pack(self.weight)
+        self.small = small
         if not keep_dense and self.small is None:  # (the kernel's Packed holds on to it)
             self.weight = None
 

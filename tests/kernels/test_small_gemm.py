@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from minedraft import LLM, SamplingParams, kernels
 from minedraft.engine.model_runner import Row
 from minedraft.kernels import small_gemm
-from minedraft.models.llama import Linear
+from minedraft.models.llama import Linear, pack_linears
 from minedraft.models.loader import load_model
 
 needs_kernel = pytest.mark.skipif(not small_gemm.build(), reason="small-row GEMM kernel not built on this machine")
@@ -29,7 +29,7 @@ def unbuilt(monkeypatch):
 
 
 @needs_kernel
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 12, 13, 16, 40, 64])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 12, 13, 16, 40, 64, 65, 96])
 @pytest.mark.parametrize("k,n", [(0, 7), (1, 1), (5, 17), (64, 31), (64, 32), (64, 33), (577, 100), (576, 960),
                                  (1536, 65)])
 @pytest.mark.parametrize("bias", [False, True])
@@ -104,6 +104,39 @@ def test_a_row_gets_the_same_bits_in_any_product():
 
 
 @needs_kernel
+def test_weights_packed_in_order_lie_one_after_another():
+    """`pack_in_order` packs into one buffer per dtype, in the order given, 64-byte aligned, and
+    the products are bit for bit those of weights packed alone; what the kernel does not take
+    (an odd K in bfloat16, float64) stays unpacked."""
+    dtypes = (torch.float32, *((torch.bfloat16,) if small_gemm.bf16_supported() else ()))
+    weights = [torch.randn(k, n, dtype=dtype) for dtype in dtypes for k, n in [(64, 40), (576, 96), (8, 1)]]
+    weights.insert(1, torch.randn(5, 8, dtype=torch.float64))
+    weights.insert(3, torch.randn(5, 8, dtype=torch.bfloat16))
+    packs = small_gemm.pack_in_order(weights)
+    assert packs[1] is None and packs[3] is None
+    for dtype in dtypes:
+        mine = [p.panels for p in packs if p is not None and p.panels.dtype == dtype]
+        for a, b in zip(mine, mine[1:]):
+            assert b.data_ptr() == a.data_ptr() + a.numel() * a.element_size()
+    for w, packed in zip(weights, packs):
+        if packed is None:
+            continue
+        alone = small_gemm.pack(w)
+        assert packed.dense is w and packed.panels.data_ptr() % 64 == 0 and torch.equal(packed.panels, alone.panels)
+        x = torch.randn(5, w.shape[0], dtype=w.dtype)
+        assert torch.equal(small_gemm.linear(x, packed), small_gemm.linear(x, alone))
+
+
+@needs_kernel
+def test_a_models_weights_lie_in_the_order_it_multiplies_them(tiny_llama):
+    model = load_model(tiny_llama, torch.float32, torch.device("cpu"))
+    panels = [m.small.panels for m in model.modules() if isinstance(m, Linear)]
+    assert len(panels) == 4 * model.args.num_layers + 1
+    for a, b in zip(panels, panels[1:]):
+        assert b.data_ptr() == a.data_ptr() + a.numel() * a.element_size()
+
+
+@needs_kernel
 def test_non_contiguous_rows():
     x, w = torch.randn(6, 40).t()[:, :5].t(), torch.randn(40, 48)  # a strided [5, 40] view
     torch.testing.assert_close(small_gemm.linear(x, small_gemm.pack(w)), x @ w, rtol=1e-5, atol=1e-5)
@@ -120,11 +153,12 @@ def test_many_rows_take_the_reference_path():
 @pytest.mark.parametrize("amx", [False, True])
 def test_which_products_the_kernel_takes(monkeypatch, dtype, amx):
     monkeypatch.setattr(small_gemm, "_has_amx", lambda: amx)
-    eager = [m for m in range(0, 70) if small_gemm.applies(m, dtype, compiling=False)]
-    graph = [m for m in range(0, 70) if small_gemm.applies(m, dtype, compiling=True)]
+    most = small_gemm.MAX_ROWS
+    eager = [m for m in range(0, most + 5) if small_gemm.applies(m, dtype, compiling=False)]
+    graph = [m for m in range(0, most + 5) if small_gemm.applies(m, dtype, compiling=True)]
     # bfloat16 with AMX: oneDNN's tile products win eagerly from 5 rows; graphs keep the kernel.
-    assert eager == list(range(1, 5 if amx and dtype == torch.bfloat16 else 65))
-    assert graph == list(range(small_gemm.GRAPH_MIN_ROWS, 65))
+    assert eager == list(range(1, 5 if amx and dtype == torch.bfloat16 else most + 1))
+    assert graph == list(range(small_gemm.GRAPH_MIN_ROWS, most + 1))
 
 
 @needs_bf16
@@ -169,10 +203,10 @@ def test_failed_build_warns_once_and_keeps_the_other_paths(monkeypatch, unbuilt)
         for p in (*layer.parameters(), *other.parameters()):
             torch.nn.init.normal_(p)
     with pytest.warns(UserWarning, match=r"building the C\+\+ kernels failed.*Error building extension"):
-        layer.pack(keep_dense=True)
+        pack_linears(layer, keep_dense=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the second layer: no second warning
-        other.pack(keep_dense=True)
+        pack_linears(other, keep_dense=True)
     assert layer.small is None and other.small is None
     x = torch.randn(5, 64)
     torch.testing.assert_close(layer(x), x @ layer.weight + layer.bias, rtol=1e-5, atol=1e-4)
