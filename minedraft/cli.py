@@ -22,7 +22,7 @@ def add_eager_arg(parser: argparse.ArgumentParser, default: bool = False) -> Non
 
 def add_prefill_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
-                        help="prompt tokens a step may carry beside the running rows (default on CPU: 64 serving, 512 offline; 2048 on GPU)")
+                        help="prompt tokens a step may carry beside the running rows (default on CPU: 48 serving, 512 offline; 2048 on GPU)")
     parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
                         help="split prompts over steps (default); without, a prompt runs whole")
     parser.add_argument("--prefill-stall-ratio", type=lambda v: None if v.lower() == "none" else float(v), default=None,
