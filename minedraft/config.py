@@ -216,10 +216,11 @@ class SpeculativeConfig:
 CPU_COMPILE_SIZES = (1, 2, 4, 8)
 # Prompt tokens per step by default. Serving on CPU: the chunk bounds how long a stream waits on a
 # step that carries one. With 48, ITL p99 stayed within 3x p50 for ar, sd and psd at 0.25-1 req/s
-# in float32 (64: 3.4-5.2x at 0.25-0.5 req/s), for 0-7% more TTFT p50 and the same throughput
-# (docs/BENCHMARKS.md, issue 19, 2026-12-03). Offline nobody waits on a gap, and every step pays for one pass over the weights
-# whatever it carries: 512 (like vLLM, whose offline `LLM` defaults to a bigger budget than its
-# server) took ar at 8 in flight from 27.3 to 32.4 tokens/s (docs/BENCHMARKS.md, issue 15).
+# in float32 (64: 3.4-5.2x for ar at 0.25-0.5 req/s and sd at 0.25), for 0-7% more TTFT p50 and
+# the same throughput (docs/BENCHMARKS.md, issue 19, 2026-12-03). Offline nobody waits on a gap,
+# and every step pays for one pass over the weights whatever it carries: 512 (like vLLM, whose
+# offline `LLM` defaults to a bigger budget than its server) took ar at 8 in flight from 27.3 to
+# 32.4 tokens/s (docs/BENCHMARKS.md, issue 15).
 CPU_SERVING_BATCHED_TOKENS = 48
 CPU_OFFLINE_BATCHED_TOKENS = 512
 GPU_MAX_NUM_BATCHED_TOKENS = 2048

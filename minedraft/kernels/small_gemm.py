@@ -12,6 +12,7 @@ import ctypes
 import functools
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -146,6 +147,8 @@ def _huge_page_buffer(numel: int, dtype: torch.dtype) -> torch.Tensor:
     """An untouched buffer of `numel` elements whose whole 2 MB pages are advised as huge pages
     (Linux's madvise; elsewhere, or refused, a plain buffer: the advice only speeds streaming up)."""
     buffer = torch.empty(numel, dtype=dtype)
+    if not sys.platform.startswith("linux"):
+        return buffer
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         huge, address = 2 << 20, buffer.data_ptr()
