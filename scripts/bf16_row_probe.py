@@ -12,7 +12,7 @@ import time
 import torch
 
 from minedraft.kernels import small_gemm
-from minedraft.models.llama import Linear
+from minedraft.models.llama import Linear, pack_linears
 
 SHAPES = {"qkv": (576, 960), "gate_up": (576, 3072), "down": (1536, 576), "lm_head": (576, 49152)}
 
@@ -36,7 +36,7 @@ def main() -> None:
     for name, (k, n) in SHAPES.items():
         lin = Linear(k, n, bias=False).to(torch.bfloat16)
         torch.nn.init.normal_(lin.weight, std=0.02)
-        lin.pack(keep_dense=True)
+        pack_linears(lin, keep_dense=True)
         kernel = lambda x: small_gemm.linear(x, lin.small)  # noqa: E731
         onednn = lambda x: torch.ops.mkldnn._linear_pointwise(x, lin.packed, None, "none", [], "")  # noqa: E731
         for rows in (int(r) for r in args.rows.split(",")):
