@@ -2,7 +2,7 @@
 or bfloat16, on SmolLM2-135M's layer shapes. Each timed pass runs through enough copies of the
 weight (>= 256 MB) that every product streams it from memory, as in a forward pass. Paths are
 interleaved within each repeat; medians.
-Usage: taskset -c 1 .venv/bin/python scripts/small_gemm_probe.py [float32|bfloat16]"""
+Usage: taskset -c 1 .venv/bin/python scripts/small_gemm_probe.py [float32|bfloat16] [ROWS,...]"""
 
 import statistics
 import sys
@@ -19,7 +19,7 @@ SHAPES = {"qkv 576->960": (576, 960), "o 576->576": (576, 576), "gate_up 576->30
 ROWS = (1, 2, 4, 5, 8, 16, 24, 32, 40, 64)
 
 
-def main(dtype: torch.dtype) -> None:
+def main(dtype: torch.dtype, rows: tuple[int, ...] = ROWS) -> None:
     torch.set_num_threads(1)
     assert small_gemm.build() and (dtype == torch.float32 or small_gemm.bf16_supported())
     bandwidth = streaming_bandwidth(1 << 30) / 1e9
@@ -33,7 +33,7 @@ def main(dtype: torch.dtype) -> None:
         out_in = [w.t().contiguous() for w in dense]                    # F.linear's [out, in]
         onednn = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in out_in]
         packed = [small_gemm.pack(w) for w in dense]
-        for m in ROWS:
+        for m in rows:
             x = torch.randn(m, k, dtype=dtype)
             paths = {
                 "F.linear": lambda: [F.linear(x, w) for w in out_in],
@@ -58,4 +58,5 @@ def main(dtype: torch.dtype) -> None:
 
 
 if __name__ == "__main__":
-    main(getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "float32"))
+    main(getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "float32"),
+         tuple(int(r) for r in sys.argv[2].split(",")) if len(sys.argv) > 2 else ROWS)

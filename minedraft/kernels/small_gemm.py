@@ -10,6 +10,7 @@ built (`kernels.build`) the models keep their other paths.
 
 import ctypes
 import functools
+import itertools
 import logging
 import os
 import sys
@@ -26,9 +27,9 @@ log = logging.getLogger(__name__)
 
 PANEL = 32  # columns per packed panel; small_gemm.cpp's kPanel
 # Products of up to this many rows use the kernel; bigger ones (prefill) oneDNN's packed weights.
-# On SmolLM2's shapes the kernel took 0.89x oneDNN's time at 64-72 rows, 0.92x at 80, 0.96x at 96
-# and 1.02x at 128 (docs/BENCHMARKS.md, 2026-12-03): a served step of 64 prompt tokens beside a
-# few streams' rows stays with it.
+# On SmolLM2's shapes the kernel took 0.94-0.97x oneDNN's time at 96 rows and 0.98-1.04x at 128
+# (`scripts/small_gemm_probe.py float32 64,80,96,128`, docs/BENCHMARKS.md, 2026-12-03): a served
+# step of prompt tokens beside a few streams' rows stays with it.
 MAX_ROWS = 96
 # Except eager bfloat16 products on a CPU with AMX: there oneDNN's packed weights go through the
 # tile unit and stream once for any number of rows, while the kernel's dot products turn
@@ -126,20 +127,16 @@ def pack_in_order(weights: list[torch.Tensor]) -> list[Packed | None]:
     """`pack` for each weight, their panels in one buffer per dtype, one after another in the
     order given (the order a forward pass multiplies them). The kernel's requests ahead then run
     on from one product into the next, and the memory sees one long stream rather than 121 short
-    ones: 2.3-2.6% off the products of a one-row step, and 3.2-3.5% where the buffer also got
-    huge pages (docs/BENCHMARKS.md, 2026-12-03)."""
+    ones: 0.986-0.987x the time of a one-row pass over the products, 0.975-0.977x where the buffer
+    also got huge pages (`scripts/panel_layout_probe.py`, docs/BENCHMARKS.md, 2026-12-03)."""
+    # Panels hold ceil(N / 32) * 32 * K elements, a multiple of 32: each stays 64-byte aligned.
     sizes = [-(-w.shape[1] // PANEL) * PANEL * w.shape[0] if packable(w) else 0 for w in weights]
-    buffers = {dtype: _huge_page_buffer(sum(n for n, w in zip(sizes, weights) if w.dtype == dtype), dtype)
-               for dtype in {w.dtype for n, w in zip(sizes, weights) if n}}
-    offsets = dict.fromkeys(buffers, 0)
-    packs = []
-    for n, w in zip(sizes, weights):
-        if not n:
-            packs.append(None)
-            continue
-        start = offsets[w.dtype]  # a multiple of 32 elements: every panel stays 64-byte aligned
-        packs.append(pack(w, buffers[w.dtype][start : start + n]))
-        offsets[w.dtype] = start + n
+    packs: list[Packed | None] = [None] * len(weights)
+    for dtype in {w.dtype for n, w in zip(sizes, weights) if n}:
+        mine = [i for i, w in enumerate(weights) if sizes[i] and w.dtype == dtype]
+        buffer = _huge_page_buffer(sum(sizes[i] for i in mine), dtype)
+        for i, start in zip(mine, itertools.accumulate((sizes[i] for i in mine), initial=0)):
+            packs[i] = pack(weights[i], buffer[start : start + sizes[i]])
     return packs
 
 

@@ -128,12 +128,21 @@ def test_weights_packed_in_order_lie_one_after_another():
 
 
 @needs_kernel
-def test_a_models_weights_lie_in_the_order_it_multiplies_them(tiny_llama):
-    model = load_model(tiny_llama, torch.float32, torch.device("cpu"))
+def test_a_models_weights_lie_in_the_order_it_multiplies_them(tiny_llama, monkeypatch):
+    """The panels lie one after another in module order, and a forward pass's products read them
+    in that order (so the kernel's requests ahead run on into the next product)."""
+    llm = LLM(str(tiny_llama), dtype="float32", enforce_eager=True, max_num_seqs=1)
+    model = llm.engine.runner.model
     panels = [m.small.panels for m in model.modules() if isinstance(m, Linear)]
     assert len(panels) == 4 * model.args.num_layers + 1
     for a, b in zip(panels, panels[1:]):
         assert b.data_ptr() == a.data_ptr() + a.numel() * a.element_size()
+    called = []
+    real = small_gemm.linear
+    monkeypatch.setattr(small_gemm, "linear", lambda x, packed, *a: called.append(packed.panels.data_ptr())
+                        or real(x, packed, *a))
+    llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=1, ignore_eos=True), use_tqdm=False)
+    assert called == [p.data_ptr() for p in panels]
 
 
 @needs_kernel
