@@ -22,7 +22,10 @@ def add_eager_arg(parser: argparse.ArgumentParser, default: bool = False) -> Non
 
 def add_prefill_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
-                        help="prompt tokens a step may carry beside the running rows (default on CPU: 48 serving, 512 offline; 2048 on GPU)")
+                        help="prompt tokens a step may carry (default 512 on CPU, 2048 on GPU)")
+    parser.add_argument("--max-prompt-tokens-beside-streams", type=int, default=None,
+                        help="at most this many while prefilled streams run in the step "
+                             "(default: 48 serving on CPU, else --max-num-batched-tokens)")
     parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
                         help="split prompts over steps (default); without, a prompt runs whole")
     parser.add_argument("--prefill-stall-ratio", type=lambda v: None if v.lower() == "none" else float(v), default=None,

@@ -214,15 +214,15 @@ class SpeculativeConfig:
 # run eagerly; elsewhere (bfloat16, no AVX-512) they use the templates, which were not timed at 8
 # rows against eager there.
 CPU_COMPILE_SIZES = (1, 2, 4, 8)
-# Prompt tokens per step by default. Serving on CPU: the chunk bounds how long a stream waits on a
-# step that carries one. With 48, ITL p99 stayed within 3x p50 for ar, sd and psd at 0.25-1 req/s
-# in float32 (64: 3.4-5.2x for ar at 0.25-0.5 req/s and sd at 0.25), for 0-7% more TTFT p50 and
-# the same throughput (docs/BENCHMARKS.md, issue 19, 2026-12-03). Offline nobody waits on a gap,
-# and every step pays for one pass over the weights whatever it carries: 512 (like vLLM, whose
-# offline `LLM` defaults to a bigger budget than its server) took ar at 8 in flight from 27.3 to
-# 32.4 tokens/s (docs/BENCHMARKS.md, issue 15).
-CPU_SERVING_BATCHED_TOKENS = 48
-CPU_OFFLINE_BATCHED_TOKENS = 512
+# Prompt tokens per step by default. Every step pays for one pass over the weights whatever it
+# carries, so a step with no stream running takes many: 512 (like vLLM's offline `LLM`) took ar at
+# 8 in flight from 27.3 to 32.4 tokens/s (docs/BENCHMARKS.md, issue 15). Serving on CPU, a step
+# beside running streams takes fewer, since every stream's inter-token gap waits on it: with 48,
+# ITL p99 stayed within 3x p50 for ar, sd and psd at 0.25-1 req/s in float32 (64: 3.4-5.2x for ar
+# at 0.25-0.5 req/s and sd at 0.25), for 0-7% more TTFT p50 and the same throughput
+# (docs/BENCHMARKS.md, issue 19, 2026-12-03).
+CPU_MAX_NUM_BATCHED_TOKENS = 512
+CPU_SERVING_TOKENS_BESIDE_STREAMS = 48
 GPU_MAX_NUM_BATCHED_TOKENS = 2048
 
 
@@ -233,10 +233,12 @@ class EngineConfig:
     device: str = "cpu"
     max_num_seqs: int = 16  # requests in flight
     max_model_len: int | None = None  # prompt + output tokens per request; None: min(2048, the model's)
-    # Prompt tokens a step may carry beside its decode or verification rows (chunked prefill);
-    # None: on CPU CPU_SERVING_BATCHED_TOKENS when `serving`, else CPU_OFFLINE_BATCHED_TOKENS;
+    # Prompt tokens a step may carry (chunked prefill); None: CPU_MAX_NUM_BATCHED_TOKENS on CPU,
     # GPU_MAX_NUM_BATCHED_TOKENS elsewhere.
     max_num_batched_tokens: int | None = None
+    # At most this many of them while prefilled streams run in the step (their gaps wait on it);
+    # None: CPU_SERVING_TOKENS_BESIDE_STREAMS on CPU when `serving`, else max_num_batched_tokens.
+    max_prompt_tokens_beside_streams: int | None = None
     serving: bool = False  # the engine streams to clients (`minedraft serve`): defaults for latency
     enable_chunked_prefill: bool = True  # split prompts over steps (else a prompt goes whole, alone if too long)
     # Opt-in: beside running streams, a lone prompt's chunks shrink so that a step takes at most
@@ -266,11 +268,14 @@ class EngineConfig:
         self.model_args = ModelArgs.from_hf(read_model_config(self.model_path))
         if self.max_model_len is None:
             self.max_model_len = min(2048, self.model_args.max_position_embeddings)
+        cpu = self.device == "cpu"
         if self.max_num_batched_tokens is None:
-            cpu = self.device == "cpu"
-            cpu_default = CPU_SERVING_BATCHED_TOKENS if self.serving else CPU_OFFLINE_BATCHED_TOKENS
-            self.max_num_batched_tokens = cpu_default if cpu else GPU_MAX_NUM_BATCHED_TOKENS
-        for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):
+            self.max_num_batched_tokens = CPU_MAX_NUM_BATCHED_TOKENS if cpu else GPU_MAX_NUM_BATCHED_TOKENS
+        if self.max_prompt_tokens_beside_streams is None:
+            serving_cpu = cpu and self.serving
+            self.max_prompt_tokens_beside_streams = (CPU_SERVING_TOKENS_BESIDE_STREAMS if serving_cpu
+                                                     else self.max_num_batched_tokens)
+        for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "max_prompt_tokens_beside_streams"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

@@ -189,6 +189,7 @@ def build_engines(args: argparse.Namespace, modes: list[str], base: dict, k: int
         llms[mode] = LLM(args.model, dtype=args.dtype, max_num_seqs=max_num_seqs, max_model_len=args.max_model_len,
                          seed=args.seed, speculative_config=spec_config, trace=True,
                          enforce_eager=args.enforce_eager, max_num_batched_tokens=args.max_num_batched_tokens,
+                         max_prompt_tokens_beside_streams=args.max_prompt_tokens_beside_streams,
                          enable_chunked_prefill=args.enable_chunked_prefill,
                          prefill_stall_ratio=args.prefill_stall_ratio)
     return llms

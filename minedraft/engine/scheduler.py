@@ -18,32 +18,36 @@ class ScheduledStep:
 
 
 class PrefillPacer:
-    """Sizes the prompt chunks that ride beside running streams, so that a step carrying them takes
-    at most `stall_ratio` times a step without them: the stall a prompt causes in every stream's
-    inter-token gap stays bounded whatever the prompt lengths. It learns, as moving averages, the
+    """Sizes a step's prompt chunks. With no stream running nobody waits on the step: it takes
+    `max_tokens`. Beside running streams it takes at most `tokens_beside_streams`, and with a
+    `stall_ratio` a lone prompt's chunks shrink so that a step carrying them takes at most that
+    many times a step without them: the stall a prompt causes in every stream's inter-token gap
+    stays bounded whatever the prompt lengths. It learns, as moving averages, the
     time of a step without prompt tokens and the time each prompt token adds (on a CPU a one-token
     decode step is memory-bound and compiled, a chunk compute-bound and eager: a 65-token pass took
     6.1x a one-token step, docs/BENCHMARKS.md, issue 19). It paces only a
     lone prompt: with several being prefilled or waiting, prefill is the bottleneck, and pacing it
-    cost a quarter of the throughput under overload; with no stream running, nobody waits. Then
-    prompts take the whole `max_tokens`."""
+    cost a quarter of the throughput under overload. Then prompts take `tokens_beside_streams`."""
 
     WEIGHT = 0.2  # of the newest observation in each moving average
     MIN_TOKENS = 8  # prompts keep moving however slow a token is
 
-    def __init__(self, stall_ratio: float | None, max_tokens: int):
+    def __init__(self, stall_ratio: float | None, max_tokens: int, tokens_beside_streams: int | None = None):
         self.stall_ratio = stall_ratio
         self.max_tokens = max_tokens
+        self.beside = max_tokens if tokens_beside_streams is None else min(tokens_beside_streams, max_tokens)
         self.step_s: float | None = None  # a step of running rows alone
         self.token_s: float | None = None  # what one prompt token adds to such a step
 
     def budget(self, streams: bool, prompts: int = 1) -> int:
         """Prompt tokens for the next step; `streams`: whether prefilled sequences run in it;
         `prompts`: how many prompts are being prefilled or wait for a slot."""
-        if not streams or prompts > 1 or self.stall_ratio is None or self.step_s is None or not self.token_s:
+        if not streams:
             return self.max_tokens
+        if prompts > 1 or self.stall_ratio is None or self.step_s is None or not self.token_s:
+            return self.beside
         fit = int((self.stall_ratio - 1) * self.step_s / self.token_s)
-        return max(min(self.MIN_TOKENS, self.max_tokens), min(fit, self.max_tokens))
+        return max(min(self.MIN_TOKENS, self.beside), min(fit, self.beside))
 
     def observe(self, seconds: float, streams: bool, prompt_tokens: int) -> None:
         """A finished step's time, whether it ran streams, and the prompt tokens it carried."""
@@ -61,11 +65,10 @@ def _average(mean: float | None, value: float, weight: float) -> float:
 
 class Scheduler:
     def __init__(self, cache: KVCache, max_num_batched_tokens: int, chunked: bool = True,
-                 stall_ratio: float | None = None):
+                 stall_ratio: float | None = None, tokens_beside_streams: int | None = None):
         self.cache = cache
-        self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked = chunked
-        self.pacer = PrefillPacer(stall_ratio if chunked else None, max_num_batched_tokens)
+        self.pacer = PrefillPacer(stall_ratio if chunked else None, max_num_batched_tokens, tokens_beside_streams)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -81,7 +84,7 @@ class Scheduler:
 
     def schedule(self) -> ScheduledStep:
         """The next step: every prefilled sequence, and up to `max_num_batched_tokens` prompt tokens
-        (fewer beside running streams, as the pacer allows), first of prompts already begun, then
+        (fewer beside running streams, as the pacer says), first of prompts already begun, then
         of waiting requests admitted in order while slots are free. Streams in flight thus never
         wait for more than one bounded chunk of prompts. Without chunking a prompt is never split:
         prompts go whole while they fit (the first one always)."""

@@ -16,6 +16,7 @@ def serve(args: argparse.Namespace) -> None:
                           max_model_len=args.max_model_len, num_threads=args.num_threads,
                           enforce_eager=args.enforce_eager, speculative_config=args.speculative_config,
                           max_num_batched_tokens=args.max_num_batched_tokens,
+                          max_prompt_tokens_beside_streams=args.max_prompt_tokens_beside_streams,
                           enable_chunked_prefill=args.enable_chunked_prefill,
                           prefill_stall_ratio=args.prefill_stall_ratio, serving=True)
     server = AsyncEngine(LLMEngine(config), max_queue=args.max_queue)

@@ -159,13 +159,19 @@ def test_bad_engine_config_is_named(tiny_llama, kwargs, message):
         LLM(**kwargs)
 
 
-def test_prompt_budget_defaults_to_latency_when_serving_and_throughput_offline(tiny_llama):
-    from minedraft.config import CPU_OFFLINE_BATCHED_TOKENS, CPU_SERVING_BATCHED_TOKENS, EngineConfig
+def test_prompt_budget_beside_streams_defaults_to_latency_when_serving_and_throughput_offline(tiny_llama):
+    from minedraft.config import CPU_MAX_NUM_BATCHED_TOKENS, CPU_SERVING_TOKENS_BESIDE_STREAMS, EngineConfig
 
-    assert EngineConfig(str(tiny_llama)).max_num_batched_tokens == CPU_OFFLINE_BATCHED_TOKENS
-    assert EngineConfig(str(tiny_llama), serving=True).max_num_batched_tokens == CPU_SERVING_BATCHED_TOKENS
-    assert CPU_SERVING_BATCHED_TOKENS < CPU_OFFLINE_BATCHED_TOKENS
-    assert EngineConfig(str(tiny_llama), serving=True, max_num_batched_tokens=100).max_num_batched_tokens == 100
+    offline = EngineConfig(str(tiny_llama))
+    assert offline.max_num_batched_tokens == offline.max_prompt_tokens_beside_streams == CPU_MAX_NUM_BATCHED_TOKENS
+    serving = EngineConfig(str(tiny_llama), serving=True)
+    assert serving.max_num_batched_tokens == CPU_MAX_NUM_BATCHED_TOKENS  # a step with no stream: nobody waits
+    assert serving.max_prompt_tokens_beside_streams == CPU_SERVING_TOKENS_BESIDE_STREAMS < CPU_MAX_NUM_BATCHED_TOKENS
+    chosen = EngineConfig(str(tiny_llama), serving=True, max_num_batched_tokens=100, max_prompt_tokens_beside_streams=20)
+    assert (chosen.max_num_batched_tokens, chosen.max_prompt_tokens_beside_streams) == (100, 20)
+    assert EngineConfig(str(tiny_llama), max_num_batched_tokens=100).max_prompt_tokens_beside_streams == 100
+    with pytest.raises(ValueError, match="max_prompt_tokens_beside_streams"):
+        EngineConfig(str(tiny_llama), max_prompt_tokens_beside_streams=0)
 
 
 # -- one bad request never hurts another -------------------------------------------------------------

@@ -66,6 +66,20 @@ def test_waiting_sequences_can_finish_before_admission():
     assert not scheduler.has_work() and cache.num_free == 1
 
 
+def test_a_step_without_streams_takes_the_whole_budget_and_one_beside_them_less():
+    cache = KVCache(1, 3, 128, 1, 2, torch.float32, torch.device("cpu"))
+    scheduler = Scheduler(cache, max_num_batched_tokens=40, tokens_beside_streams=6)
+    first, second, third = sequence(0, 50), sequence(1, 30), sequence(2, 30)
+    scheduler.add(first)
+    scheduler.add(second)
+    assert run(scheduler) == ([], [(0, 40)])  # nobody waits on this step
+    assert run(scheduler) == ([], [(0, 10), (1, 30)])  # still no stream: the whole budget
+    scheduler.add(third)
+    assert run(scheduler) == ([0, 1], [(2, 6)])  # streams run: 6 tokens beside them
+    assert run(scheduler) == ([0, 1], [(2, 6)])
+    assert Scheduler(cache, max_num_batched_tokens=8, tokens_beside_streams=20).pacer.beside == 8  # never above
+
+
 def test_the_pacer_keeps_a_step_with_chunks_within_the_stall_ratio():
     pacer = PrefillPacer(stall_ratio=2.5, max_tokens=64)
     assert pacer.budget(streams=True) == 64  # nothing measured yet
