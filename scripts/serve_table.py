@@ -16,13 +16,22 @@ def cells(folder: Path) -> list[tuple[str, str, float, dict]]:
 
 def main(folder: Path) -> None:
     print("| mode | variant | rate | req/s | out tok/s | TTFT p50 / p99 ms | TPOT p50 ms | ITL p50 / p99 / max ms "
-          "| ITL p99/p50 | goodput share |\n|---|---|---|---|---|---|---|---|---|---|")
+          "| ITL p99/p50 | token gap p50 / p99 / max ms | token gap p99/p50 | goodput share |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
     for mode, variant, rate, f in cells(folder):
         share = "-" if f.get("goodput_share") is None else f"{f['goodput_share']:.2f}"
         print(f"| {mode} | {variant} | {rate:g} | {f['requests_per_s']:.2f} | {f['output_tokens_per_s']:.1f} "
               f"| {f['ttft_p50_ms']:.0f} / {f['ttft_p99_ms']:.0f} | {f['tpot_s']['p50'] * 1e3:.0f} "
               f"| {f['itl_p50_ms']:.0f} / {f['itl_p99_ms']:.0f} / {f['itl_max_ms']:.0f} "
-              f"| {f['itl_p99_ms'] / f['itl_p50_ms']:.1f} | {share} |")
+              f"| {f['itl_p99_ms'] / f['itl_p50_ms']:.1f} | {token_gaps(f)} | {share} |")
+
+
+def token_gaps(f: dict) -> str:
+    """The token-arrival gaps and their p99/p50, '- | -' from a run or server without them."""
+    if f.get("token_gap_p50_ms") is None:
+        return "- | -"
+    return (f"{f['token_gap_p50_ms']:.0f} / {f['token_gap_p99_ms']:.0f} / {f['token_gap_max_ms']:.0f} "
+            f"| {f['token_gap_p99_ms'] / f['token_gap_p50_ms']:.1f}")
 
 
 if __name__ == "__main__":

@@ -22,11 +22,15 @@ from minedraft.engine.sequence import time_per_output_token
 
 @dataclass
 class Record:
-    """One request, times in seconds from its start; chunk_times: arrival of every content chunk."""
+    """One request, times in seconds from its start; chunk_times: arrival of every content chunk;
+    token_times: arrival of every chunk that brought tokens, as the server's usage counts them (empty
+    unless it reports usage in every chunk), which text that is not a whole character yet cannot
+    hold back."""
 
     ok: bool
     start: float = 0.0
     chunk_times: list[float] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
     end: float = 0.0
     output_tokens: int = 0
     prompt_tokens: int = 0
@@ -81,12 +85,14 @@ def _ms(p: dict, key: str) -> float | None:
 
 def serve_figures(records: list[Record], duration: float, slo_ms: dict[str, float] | None = None) -> dict:
     """vllm-bench-serve-style figures. TTFT: start to first chunk; TPOT: (E2E - TTFT) / (tokens - 1);
-    ITL: gaps between consecutive chunks (a chunk may carry several tokens under speculation).
+    ITL: gaps between consecutive chunks (a chunk may carry several tokens under speculation);
+    token gaps: between consecutive arrivals of tokens, whether or not they made text yet.
     With an SLO: goodput, the completed requests meeting every bound per second, and their share of all."""
     done = completed(records)
     metrics = [request_metrics(r) for r in done]
     ttft = percentiles([m["ttft"] for m in metrics])
     itl = percentiles([b - a for r in done for a, b in zip(r.chunk_times, r.chunk_times[1:])])
+    token_gap = percentiles([b - a for r in done for a, b in zip(r.token_times, r.token_times[1:])])
     out_tokens = sum(r.output_tokens for r in done)
     figures = {
         "completed": len(done), "failed": len(records) - len(done), "duration_s": duration,
@@ -95,8 +101,10 @@ def serve_figures(records: list[Record], duration: float, slo_ms: dict[str, floa
         # the headline latencies, flat and in ms as vLLM reports them; the full set is below in seconds
         "ttft_p50_ms": _ms(ttft, "p50"), "ttft_p99_ms": _ms(ttft, "p99"),
         "itl_p50_ms": _ms(itl, "p50"), "itl_p99_ms": _ms(itl, "p99"), "itl_max_ms": _ms(itl, "max"),
+        "token_gap_p50_ms": _ms(token_gap, "p50"), "token_gap_p99_ms": _ms(token_gap, "p99"),
+        "token_gap_max_ms": _ms(token_gap, "max"),
         "ttft_s": ttft, "tpot_s": percentiles([m["tpot"] for m in metrics if m["tpot"] is not None]),
-        "itl_s": itl, "e2e_s": percentiles([m["e2el"] for m in metrics]),
+        "itl_s": itl, "token_gap_s": token_gap, "e2e_s": percentiles([m["e2el"] for m in metrics]),
     }
     if slo_ms:
         good = sum(meets_slo(m, slo_ms) for m in metrics)
@@ -117,6 +125,8 @@ async def one_request(client, url: str, body: dict, origin: float) -> Record:
                     continue
                 chunk = json.loads(line[len("data: "):])
                 if chunk.get("usage"):
+                    if chunk["choices"] and chunk["usage"]["completion_tokens"] > record.output_tokens:
+                        record.token_times.append(time.perf_counter() - origin)
                     record.output_tokens = chunk["usage"]["completion_tokens"]
                     record.prompt_tokens = chunk["usage"]["prompt_tokens"]
                 if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
@@ -144,7 +154,8 @@ async def drive(args: argparse.Namespace, prompts: list[str]) -> tuple[list[Reco
 
         async def run_one(prompt: str) -> Record:
             body = {"model": model, "messages": [{"role": "user", "content": prompt}], "stream": True,
-                    "stream_options": {"include_usage": True}, "max_tokens": args.output_len,
+                    "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+                    "max_tokens": args.output_len,
                     "temperature": args.temperature, "ignore_eos": args.ignore_eos}
             async with limit:
                 record = await one_request(client, f"{base}/v1/chat/completions", body, origin)
@@ -178,18 +189,20 @@ def print_figures(figures: dict, records: list[Record], args: argparse.Namespace
     print(f"request throughput {figures['requests_per_s']:.2f} req/s; "
           f"output {figures['output_tokens_per_s']:.1f} tok/s; total {figures['total_tokens_per_s']:.1f} tok/s")
     ms = {k: "-" if figures[k] is None else f"{figures[k]:.1f}"
-          for k in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "itl_max_ms")}
+          for k in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "itl_max_ms",
+                    "token_gap_p50_ms", "token_gap_p99_ms", "token_gap_max_ms")}
     print(f"TTFT p50 {ms['ttft_p50_ms']} ms, p99 {ms['ttft_p99_ms']} ms; "
-          f"ITL p50 {ms['itl_p50_ms']} ms, p99 {ms['itl_p99_ms']} ms, max {ms['itl_max_ms']} ms")
+          f"ITL p50 {ms['itl_p50_ms']} ms, p99 {ms['itl_p99_ms']} ms, max {ms['itl_max_ms']} ms; "
+          f"token gap p50 {ms['token_gap_p50_ms']} ms, p99 {ms['token_gap_p99_ms']} ms, max {ms['token_gap_max_ms']} ms")
     if "goodput_slo_ms" in figures:
         bounds = ", ".join(f"{k} <= {v:g} ms" for k, v in figures["goodput_slo_ms"].items())
         share = "-" if figures["goodput_share"] is None else f"{figures['goodput_share']:.1%}"
         print(f"goodput {figures['goodput_requests_per_s']:.2f} req/s ({share} of requests met {bounds})")
     print("| metric | mean ms | p50 ms | p90 ms | p99 ms |\n|---|---|---|---|---|")
-    for name in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
+    for name in ("ttft_s", "tpot_s", "itl_s", "token_gap_s", "e2e_s"):
         p = figures[name]
         cells = ["-" if p[k] is None else f"{p[k] * 1e3:.1f}" for k in ("mean", "p50", "p90", "p99")]
-        print(f"| {name[:-2].upper()} | " + " | ".join(cells) + " |")
+        print(f"| {name[:-2].upper().replace('_', ' ')} | " + " | ".join(cells) + " |")
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -36,6 +36,9 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(strict=True)
 
     include_usage: bool = False
+    # vLLM's extension: usage in every chunk, and a chunk for every step that added tokens, even
+    # when they do not complete a character yet (a client can then time each token's arrival)
+    continuous_usage_stats: bool = False
 
 
 class SamplingFields(BaseModel):
@@ -235,9 +238,9 @@ async def respond(server: AsyncEngine, model_name: str, request: Request, req: S
                 "model": model_name}
         decode = token_decoder(engine.tokenizer)
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            options = req.stream_options or StreamOptions()
             if not (first.finished and failed(first)):
-                return StreamingResponse(sse(outputs, first, meta, chat, include_usage, params.logprobs, decode),
+                return StreamingResponse(sse(outputs, first, meta, chat, options, params.logprobs, decode),
                                          media_type="text/event-stream")
             final = first
         else:
@@ -327,9 +330,10 @@ def full_response(out: RequestOutput, meta: dict, chat: bool, n_logprobs: int | 
 
 
 async def sse(outputs: AsyncIterator[RequestOutput], first: RequestOutput, meta: dict, chat: bool,
-              include_usage: bool, n_logprobs: int | None, decode: Callable[[int], str]) -> AsyncIterator[str]:
+              options: StreamOptions, n_logprobs: int | None, decode: Callable[[int], str]) -> AsyncIterator[str]:
     """OpenAI's chunk format as server-sent events, ending with `data: [DONE]`; a request the
     engine fails midway ends with an error event instead of its remaining chunks."""
+    continuous = options.include_usage and options.continuous_usage_stats
     obj = "chat.completion.chunk" if chat else "text_completion"
     sent: dict[int, int] = {}  # characters sent per choice
     sent_tokens: dict[int, int] = {}  # tokens whose logprobs were sent, per choice
@@ -350,7 +354,8 @@ async def sse(outputs: AsyncIterator[RequestOutput], first: RequestOutput, meta:
             choices = []
             for o in out.outputs:
                 delta = o.text[sent.get(o.index, 0):]
-                if delta or (o.finish_reason and o.index not in ended):
+                new_tokens = len(o.token_ids) > sent_tokens.get(o.index, 0)
+                if delta or (o.finish_reason and o.index not in ended) or (continuous and new_tokens):
                     sent[o.index] = len(o.text)
                     logprobs = logprobs_json(o, sent_tokens.get(o.index, 0), n_logprobs, decode, chat)
                     sent_tokens[o.index] = len(o.token_ids)
@@ -359,9 +364,9 @@ async def sse(outputs: AsyncIterator[RequestOutput], first: RequestOutput, meta:
                     body = {"delta": {"content": delta}} if chat else {"text": delta}
                     choices.append({"index": o.index, **body, "logprobs": logprobs, "finish_reason": o.finish_reason})
             if choices:
-                yield chunk(choices)
+                yield chunk(choices, **({"usage": usage(out)} if continuous else {}))
             if out.finished:
-                if include_usage:
+                if options.include_usage:
                     yield chunk([], usage=usage(out))
                 break
             try:

@@ -24,7 +24,17 @@ def test_serve_figures_on_a_known_timeline():
     assert f["ttft_p50_ms"] == pytest.approx(350) and f["ttft_p99_ms"] == pytest.approx(200 + 300 * 0.99)
     assert f["itl_p50_ms"] == pytest.approx(200) and f["itl_p99_ms"] == pytest.approx(200 + 600 * 0.98)
     assert f["itl_max_ms"] == pytest.approx(800)
+    assert f["token_gap_p50_ms"] is None  # the server reported no usage per chunk
     assert "goodput_requests_per_s" not in f  # no SLO given
+
+
+def test_token_gaps_time_every_arrival_of_tokens_and_itl_only_those_with_text():
+    # tokens at .5, .6 and .7 s, the one at .6 not a whole character yet: one chunk of text at .7
+    record = Record(ok=True, start=0.0, chunk_times=[0.5, 0.7], token_times=[0.5, 0.6, 0.7], end=0.7,
+                    output_tokens=3)
+    f = serve_figures([record], duration=1.0)
+    assert f["itl_max_ms"] == pytest.approx(200)
+    assert f["token_gap_max_ms"] == pytest.approx(100) and f["token_gap_p50_ms"] == pytest.approx(100)
 
 
 def test_goodput_counts_completed_requests_meeting_every_bound():
@@ -81,7 +91,9 @@ def test_bench_serve_drives_our_server(tiny_chat, tmp_path):
     assert (f["completed"], f["failed"]) == (6, 0)
     assert f["output_tokens_per_s"] * f["duration_s"] == pytest.approx(30)
     assert f["ttft_s"]["mean"] > 0 and f["e2e_s"]["p99"] >= f["e2e_s"]["p50"]
+    assert f["token_gap_s"]["max"] > 0  # the server reported usage in every chunk: 4 gaps a request
     assert f["goodput_share"] == 1.0 and f["goodput_requests_per_s"] == f["requests_per_s"]
     assert (tmp_path / "itl.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((tmp_path / "run.json").read_text())
+    assert all(len(r["token_times"]) == 5 for r in saved["records"])
     assert saved["label"] == "request rate 20/s, max concurrency 3" and saved["figures"]["goodput_share"] == 1.0

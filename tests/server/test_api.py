@@ -269,3 +269,37 @@ def test_a_dead_engine_answers_503(tiny_chat):
 def test_kv_slots_are_reported(server):
     slots = httpx.get(server.url + "/debug/kv_slots").json()
     assert slots["target"] == slots["num_slots"] == 16
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_continuous_usage_sends_every_step_that_added_tokens(continuous):
+    from minedraft.engine.sequence import CompletionOutput, RequestOutput
+    from minedraft.server.api import StreamOptions, sse
+
+    def output(text: str, tokens: list[int], finish: str | None = None) -> RequestOutput:
+        return RequestOutput("r", None, [5, 6], [CompletionOutput(0, text, tokens, finish)], finish is not None,
+                             0.0, 0.0, None)
+
+    # the second step's token is the first half of a character: it adds no text
+    steps = [output("A", [1]), output("A", [1, 2]), output("A\u20ac", [1, 2, 3], "length")]
+
+    async def rest():
+        for out in steps[1:]:
+            yield out
+
+    async def events() -> list[dict]:
+        options = StreamOptions(include_usage=True, continuous_usage_stats=continuous)
+        lines = [line async for line in sse(rest(), steps[0], {"id": "x"}, False, options, None, str)]
+        assert lines[-1] == "data: [DONE]\n\n"
+        return [json.loads(line[len("data: "):]) for line in lines[:-1]]
+
+    chunks = asyncio.run(events())
+    with_choices = [c for c in chunks if c["choices"]]
+    assert "".join(c["choices"][0]["text"] for c in with_choices) == "A\u20ac"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+    if continuous:
+        assert [c["choices"][0]["text"] for c in with_choices] == ["A", "", "\u20ac"]
+        assert [c["usage"]["completion_tokens"] for c in with_choices] == [1, 2, 3]
+    else:
+        assert [c["choices"][0]["text"] for c in with_choices] == ["A", "\u20ac"]
+        assert all("usage" not in c for c in with_choices)
