@@ -193,7 +193,8 @@ def print_figures(figures: dict, records: list[Record], args: argparse.Namespace
                     "token_gap_p50_ms", "token_gap_p99_ms", "token_gap_max_ms")}
     print(f"TTFT p50 {ms['ttft_p50_ms']} ms, p99 {ms['ttft_p99_ms']} ms; "
           f"ITL p50 {ms['itl_p50_ms']} ms, p99 {ms['itl_p99_ms']} ms, max {ms['itl_max_ms']} ms; "
-          f"token gap p50 {ms['token_gap_p50_ms']} ms, p99 {ms['token_gap_p99_ms']} ms, max {ms['token_gap_max_ms']} ms")
+          f"token gap p50 {ms['token_gap_p50_ms']} ms, p99 {ms['token_gap_p99_ms']} ms, "
+          f"max {ms['token_gap_max_ms']} ms")
     if "goodput_slo_ms" in figures:
         bounds = ", ".join(f"{k} <= {v:g} ms" for k, v in figures["goodput_slo_ms"].items())
         share = "-" if figures["goodput_share"] is None else f"{figures['goodput_share']:.1%}"

@@ -167,7 +167,8 @@ def test_prompt_budget_beside_streams_defaults_to_latency_when_serving_and_throu
     serving = EngineConfig(str(tiny_llama), serving=True)
     assert serving.max_num_batched_tokens == CPU_MAX_NUM_BATCHED_TOKENS  # a step with no stream: nobody waits
     assert serving.max_prompt_tokens_beside_streams == CPU_SERVING_TOKENS_BESIDE_STREAMS < CPU_MAX_NUM_BATCHED_TOKENS
-    chosen = EngineConfig(str(tiny_llama), serving=True, max_num_batched_tokens=100, max_prompt_tokens_beside_streams=20)
+    chosen = EngineConfig(str(tiny_llama), serving=True, max_num_batched_tokens=100,
+                          max_prompt_tokens_beside_streams=20)
     assert (chosen.max_num_batched_tokens, chosen.max_prompt_tokens_beside_streams) == (100, 20)
     assert EngineConfig(str(tiny_llama), max_num_batched_tokens=100).max_prompt_tokens_beside_streams == 100
     with pytest.raises(ValueError, match="max_prompt_tokens_beside_streams"):
