@@ -138,6 +138,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-seqs", type=int, default=16, help="requests in flight")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before answering 503")
     p.add_argument("--served-model-name", default=None, help="the model id clients use (default: folder name)")
+    p.add_argument("--trace", default=None, help="append every engine step to this JSON-lines file as it ends")
     p.set_defaults(func=cmd_serve)
 
 

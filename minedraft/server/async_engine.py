@@ -7,11 +7,13 @@ ever dies, every waiting handler gets an EngineDeadError and so does every later
 
 import asyncio
 import itertools
+import json
 import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import TextIO
 
 from minedraft.engine.llm_engine import LLMEngine
 from minedraft.engine.sequence import RequestOutput
@@ -41,10 +43,13 @@ class _Stream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, max_queue: int, on_finish=None):
+    def __init__(self, engine: LLMEngine, max_queue: int, on_finish=None, trace: TextIO | None = None):
         self.engine = engine
         self.max_queue = max_queue
         self.on_finish = on_finish  # called on the engine thread with each finished RequestOutput
+        # The engine's step trace (config.trace) goes here as JSON lines after every step, so a
+        # server that runs for days neither keeps it in memory nor loses it when killed.
+        self.trace = trace
         self.error: BaseException | None = None  # why the engine thread died
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -142,6 +147,7 @@ class AsyncEngine:
                     self.engine.abort(request_id)
                     self._fail(request_id, RuntimeError(f"engine error: {e}"))
                 continue
+            self._write_trace()
             for out in outputs:
                 stream = self._streams.get(out.request_id)
                 if out.finished:
@@ -149,6 +155,17 @@ class AsyncEngine:
                     self._observe(out)
                 if stream is not None:
                     stream.put(out)
+
+    def _write_trace(self) -> None:
+        if self.trace is None or not self.engine.trace:
+            return
+        try:
+            self.trace.write("".join(json.dumps(event) + "\n" for event in self.engine.trace))
+            self.trace.flush()
+        except OSError:  # a full disk must not stop serving
+            log.exception("writing the step trace failed; tracing stops")
+            self.trace = None
+        self.engine.trace.clear()
 
     def _observe(self, out: RequestOutput) -> None:
         if self.on_finish is not None:

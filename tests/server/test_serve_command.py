@@ -7,11 +7,13 @@ from minedraft.config import CPU_MAX_NUM_BATCHED_TOKENS, CPU_SERVING_TOKENS_BESI
 from minedraft.engine import llm_engine
 
 
-def test_serve_defaults_to_the_serving_prompt_budget(tiny_llama, monkeypatch):
-    built = []
+class Stop(Exception):
+    pass
 
-    class Stop(Exception):
-        pass
+
+def built_config(monkeypatch, argv: list[str]):
+    """The EngineConfig `minedraft serve ARGV` builds (the engine itself is never made)."""
+    built = []
 
     def capture(config):
         built.append(config)
@@ -19,6 +21,16 @@ def test_serve_defaults_to_the_serving_prompt_budget(tiny_llama, monkeypatch):
 
     monkeypatch.setattr(llm_engine, "LLMEngine", capture)
     with pytest.raises(Stop):
-        cli.main(["serve", "--model", str(tiny_llama)])
+        cli.main(["serve", *argv])
+    return built[0]
+
+
+def test_serve_defaults_to_the_serving_prompt_budget(tiny_llama, monkeypatch):
+    built = [built_config(monkeypatch, ["--model", str(tiny_llama)])]
     assert built[0].serving and built[0].max_num_batched_tokens == CPU_MAX_NUM_BATCHED_TOKENS
     assert built[0].max_prompt_tokens_beside_streams == CPU_SERVING_TOKENS_BESIDE_STREAMS
+
+
+def test_serve_traces_steps_only_when_asked(tiny_llama, monkeypatch, tmp_path):
+    assert not built_config(monkeypatch, ["--model", str(tiny_llama)]).trace
+    assert built_config(monkeypatch, ["--model", str(tiny_llama), "--trace", str(tmp_path / "t.jsonl")]).trace
