@@ -217,10 +217,10 @@ CPU_COMPILE_SIZES = (1, 2, 4, 8)
 # Prompt tokens per step by default. Every step pays for one pass over the weights whatever it
 # carries, so a step with no stream running takes many: 512 (like vLLM's offline `LLM`) took ar at
 # 8 in flight from 27.3 to 32.4 tokens/s (docs/BENCHMARKS.md, issue 15). Serving on CPU, a step
-# beside running streams takes fewer, since every stream's inter-token gap waits on it: with 48 the
-# gap between token arrivals kept its p99 within 2.9x its median for ar, sd and psd at 0.25-1 req/s
-# in float32, 3.1x for ar at 0.25 (64: ITL 3.4-5.2x for ar at 0.25-0.5 req/s and sd at 0.25), for
-# 0-7% more TTFT p50 than 64 and the same throughput. Serving steps with no stream keep 512: TTFT p50
+# beside running streams takes fewer, since every stream's inter-token gap waits on it: with 48, in
+# one float32 sweep at 0.25-1 req/s, the gap between token arrivals kept its p99 within 2.9x its
+# median for ar, sd and psd, 3.1x for ar at 0.25 (64: ITL 3.4-5.2x for ar at 0.25-0.5 req/s and sd
+# at 0.25), for 0-7% more TTFT p50 than 64 and the same throughput. Serving steps with no stream keep 512: TTFT p50
 # 5-17% lower at 0.25 req/s than with 48 (docs/BENCHMARKS.md, issue 19, 2026-12-03 and -04).
 CPU_MAX_NUM_BATCHED_TOKENS = 512
 CPU_SERVING_TOKENS_BESIDE_STREAMS = 48
@@ -273,8 +273,7 @@ class EngineConfig:
         if self.max_num_batched_tokens is None:
             self.max_num_batched_tokens = CPU_MAX_NUM_BATCHED_TOKENS if cpu else GPU_MAX_NUM_BATCHED_TOKENS
         if self.max_prompt_tokens_beside_streams is None:
-            serving_cpu = cpu and self.serving
-            self.max_prompt_tokens_beside_streams = (CPU_SERVING_TOKENS_BESIDE_STREAMS if serving_cpu
+            self.max_prompt_tokens_beside_streams = (CPU_SERVING_TOKENS_BESIDE_STREAMS if cpu and self.serving
                                                      else self.max_num_batched_tokens)
         for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "max_prompt_tokens_beside_streams"):
             value = getattr(self, name)

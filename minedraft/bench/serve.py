@@ -22,10 +22,9 @@ from minedraft.engine.sequence import time_per_output_token
 
 @dataclass
 class Record:
-    """One request, times in seconds from its start; chunk_times: arrival of every content chunk;
-    token_times: arrival of every chunk that brought tokens, as the server's usage counts them (empty
-    unless it reports usage in every chunk), which text that is not a whole character yet cannot
-    hold back."""
+    """One request, times in seconds from its start. chunk_times: arrival of every chunk with text.
+    token_times: arrival of every chunk whose usage counted new tokens, text or not (a token that is
+    half a character has no text yet); empty unless the server reports usage in every chunk."""
 
     ok: bool
     start: float = 0.0

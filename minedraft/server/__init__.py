@@ -1,6 +1,7 @@
 """The OpenAI-compatible server: `minedraft serve`."""
 
 import argparse
+import contextlib
 from pathlib import Path
 
 
@@ -18,14 +19,13 @@ def serve(args: argparse.Namespace) -> None:
                           max_num_batched_tokens=args.max_num_batched_tokens,
                           max_prompt_tokens_beside_streams=args.max_prompt_tokens_beside_streams,
                           enable_chunked_prefill=args.enable_chunked_prefill,
-                          prefill_stall_ratio=args.prefill_stall_ratio, serving=True, trace=args.trace is not None)
-    trace = None if args.trace is None else open(args.trace, "a", encoding="utf-8")
-    server = AsyncEngine(LLMEngine(config), max_queue=args.max_queue, trace=trace)
-    name = args.served_model_name or (Path(args.model).name if args.model else "SmolLM2-135M-Instruct")
-    app = create_app(server, name, args.api_key)
-    try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
-    finally:
-        server.shutdown()
-        if trace is not None:
-            trace.close()
+                          prefill_stall_ratio=args.prefill_stall_ratio, serving=True, trace=bool(args.trace))
+    # `with`: the trace file is closed however the server ends, a failed start included
+    with open(args.trace, "a", encoding="utf-8") if args.trace else contextlib.nullcontext() as trace_file:
+        server = AsyncEngine(LLMEngine(config), max_queue=args.max_queue, trace_file=trace_file)
+        name = args.served_model_name or (Path(args.model).name if args.model else "SmolLM2-135M-Instruct")
+        app = create_app(server, name, args.api_key)
+        try:
+            uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+        finally:
+            server.shutdown()

@@ -354,8 +354,8 @@ async def sse(outputs: AsyncIterator[RequestOutput], first: RequestOutput, meta:
             choices = []
             for o in out.outputs:
                 delta = o.text[sent.get(o.index, 0):]
-                new_tokens = len(o.token_ids) > sent_tokens.get(o.index, 0)
-                if delta or (o.finish_reason and o.index not in ended) or (continuous and new_tokens):
+                tokens_unsent = continuous and len(o.token_ids) > sent_tokens.get(o.index, 0)
+                if delta or (o.finish_reason and o.index not in ended) or tokens_unsent:
                     sent[o.index] = len(o.text)
                     logprobs = logprobs_json(o, sent_tokens.get(o.index, 0), n_logprobs, decode, chat)
                     sent_tokens[o.index] = len(o.token_ids)

@@ -43,13 +43,13 @@ class _Stream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, max_queue: int, on_finish=None, trace: TextIO | None = None):
+    def __init__(self, engine: LLMEngine, max_queue: int, on_finish=None, trace_file: TextIO | None = None):
         self.engine = engine
         self.max_queue = max_queue
         self.on_finish = on_finish  # called on the engine thread with each finished RequestOutput
         # The engine's step trace (config.trace) goes here as JSON lines after every step, so a
         # server that runs for days neither keeps it in memory nor loses it when killed.
-        self.trace = trace
+        self.trace_file = trace_file
         self.error: BaseException | None = None  # why the engine thread died
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -147,7 +147,6 @@ class AsyncEngine:
                     self.engine.abort(request_id)
                     self._fail(request_id, RuntimeError(f"engine error: {e}"))
                 continue
-            self._write_trace()
             for out in outputs:
                 stream = self._streams.get(out.request_id)
                 if out.finished:
@@ -155,16 +154,18 @@ class AsyncEngine:
                     self._observe(out)
                 if stream is not None:
                     stream.put(out)
+            self._write_trace()  # after the outputs are on their way: tracing delays no token
 
     def _write_trace(self) -> None:
-        if self.trace is None or not self.engine.trace:
+        if self.trace_file is None or not self.engine.trace:
             return
         try:
-            self.trace.write("".join(json.dumps(event) + "\n" for event in self.engine.trace))
-            self.trace.flush()
+            self.trace_file.write("".join(json.dumps(event) + "\n" for event in self.engine.trace))
+            self.trace_file.flush()
         except OSError:  # a full disk must not stop serving
             log.exception("writing the step trace failed; tracing stops")
-            self.trace = None
+            self.trace_file = self.engine.trace = None  # the engine stops recording too: no growing list
+            return
         self.engine.trace.clear()
 
     def _observe(self, out: RequestOutput) -> None:

@@ -26,9 +26,9 @@ def built_config(monkeypatch, argv: list[str]):
 
 
 def test_serve_defaults_to_the_serving_prompt_budget(tiny_llama, monkeypatch):
-    built = [built_config(monkeypatch, ["--model", str(tiny_llama)])]
-    assert built[0].serving and built[0].max_num_batched_tokens == CPU_MAX_NUM_BATCHED_TOKENS
-    assert built[0].max_prompt_tokens_beside_streams == CPU_SERVING_TOKENS_BESIDE_STREAMS
+    config = built_config(monkeypatch, ["--model", str(tiny_llama)])
+    assert config.serving and config.max_num_batched_tokens == CPU_MAX_NUM_BATCHED_TOKENS
+    assert config.max_prompt_tokens_beside_streams == CPU_SERVING_TOKENS_BESIDE_STREAMS
 
 
 def test_serve_traces_steps_only_when_asked(tiny_llama, monkeypatch, tmp_path):
