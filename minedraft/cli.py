@@ -16,8 +16,9 @@ def add_engine_args(parser: argparse.ArgumentParser, eager: bool = False) -> Non
 
 def add_eager_arg(parser: argparse.ArgumentParser, default: bool = False) -> None:
     parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=default,
-                        help="never compile the forward pass: starts in seconds rather than about a minute "
-                             "(graphs cached) to several (first time), decodes slower on CPU")
+                        help="never compile the forward pass on CPU (starts in seconds rather than about a "
+                             "minute with graphs cached, several the first time; decodes slower) nor replay "
+                             "CUDA graphs on a GPU")
 
 
 def add_prefill_args(parser: argparse.ArgumentParser) -> None:

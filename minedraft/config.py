@@ -252,9 +252,11 @@ class EngineConfig:
     seed: int = 0  # for requests without their own seed
     speculative_config: dict | None = None  # see SpeculativeConfig
     trace: bool = False  # record a per-step timeline of verification and drafting (engine.trace)
-    enforce_eager: bool = False  # never compile the forward pass (vLLM's name)
-    # Token counts whose forward pass is compiled (engine.compiled_forward); None: CPU_COMPILE_SIZES
-    # on CPU, none elsewhere (CUDA graphs are not built yet).
+    # Never compile the forward pass on CPU nor replay CUDA graphs on a GPU (vLLM's name).
+    enforce_eager: bool = False
+    # Token counts whose forward pass is compiled on CPU (engine.compiled_forward); None:
+    # CPU_COMPILE_SIZES on CPU, none on a GPU (there decode and verification replay CUDA graphs,
+    # engine.cuda_graphs).
     compile_sizes: tuple[int, ...] | None = None
     speculative: SpeculativeConfig | None = field(init=False)
     model_path: Path = field(init=False)  # a folder, or a .gguf file until resolve_checkpoints()

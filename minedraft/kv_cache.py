@@ -7,7 +7,8 @@ class KVCache:
     """Keys and values for `num_slots` sequences of up to `max_len` tokens.
 
     Layout [layer, slot, kv_head, position, head_dim]. A slot's length is the number of positions
-    holding valid entries; truncating after rejected draft tokens only lowers that number.
+    holding valid entries; truncating after rejected draft tokens only lowers that number. With
+    `spare`, one more slot (`spare_slot`) is never handed out: CUDA graphs write padding there.
     """
 
     def __init__(
@@ -19,12 +20,14 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        spare: bool = False,
     ):
-        shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
+        self.spare_slot = num_slots if spare else None
+        shape = (num_layers, num_slots + spare, num_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
-        self.lengths = [0] * num_slots
+        self.lengths = [0] * (num_slots + spare)
         self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out low slots first
 
     @staticmethod

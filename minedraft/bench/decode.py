@@ -16,12 +16,12 @@ from minedraft.engine.model_runner import ModelRunner, Row
 from minedraft.models.llama import Linear
 
 
-def streaming_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> float:
-    """Bytes per second this process reads from memory: the best of `repeats` sums over a tensor far
-    larger than cache. A sum does nothing but read (an MKL matrix-vector product, which this
-    measured before, read 22-25 GB/s where the small-row kernel's products reached 30 GB/s), so the
-    floor it gives is one no decode step can beat."""
-    a = torch.ones(num_bytes // 4)
+def streaming_bandwidth(device: torch.device, num_bytes: int = 512 * 2**20, repeats: int = 5) -> float:
+    """Bytes per second this process reads from `device`'s memory: the best of `repeats` sums over a
+    tensor far larger than cache. A sum does nothing but read (an MKL matrix-vector product, which
+    this measured before, read 22-25 GB/s where the small-row kernel's products reached 30 GB/s), so
+    the floor it gives is one no decode step can beat."""
+    a = torch.ones(num_bytes // 4, device=device)
     return a.numel() * 4 / min(timed(a.sum) for _ in range(repeats))
 
 
@@ -74,8 +74,12 @@ def held_bytes(model: torch.nn.Module) -> int:
 
 
 def timed(fn) -> float:
+    """Seconds `fn` takes, its GPU work included."""
+    sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)
+    sync()
     t = time.perf_counter()
     fn()
+    sync()
     return time.perf_counter() - t
 
 
@@ -121,23 +125,24 @@ class Ours:
 class Transformers:
     name = "transformers"
 
-    def __init__(self, folder, dtype: torch.dtype):
+    def __init__(self, folder, dtype: torch.dtype, device: torch.device):
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+        self.device = device
 
     @torch.inference_mode()
     def step_times(self, prompts: list[list[int]], steps: int) -> list[float]:
         from transformers import DynamicCache
 
         cache = DynamicCache()
-        self.model(torch.tensor(prompts), past_key_values=cache, use_cache=True)
-        token = torch.full((len(prompts), 1), 7)
+        self.model(torch.tensor(prompts, device=self.device), past_key_values=cache, use_cache=True)
+        token = torch.full((len(prompts), 1), 7, device=self.device)
         return [timed(lambda: self.model(token, past_key_values=cache, use_cache=True)) for _ in range(steps)]
 
     @torch.inference_mode()
     def generate_time(self, prompts: list[list[int]], output_len: int) -> float:
-        ids = torch.tensor(prompts)
+        ids = torch.tensor(prompts, device=self.device)
         kwargs = dict(max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False, pad_token_id=0)
         return timed(lambda: self.model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs))
 
@@ -152,7 +157,8 @@ def run(args: argparse.Namespace) -> dict:
     max_len = args.context + max(args.output_len, args.steps) + 8
     llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=max(batch_sizes), max_model_len=max_len,
               enforce_eager=args.enforce_eager)
-    systems = [Ours(llm), Transformers(llm.engine.config.model_path, llm.engine.config.torch_dtype)]
+    device = llm.engine.runner.device
+    systems = [Ours(llm), Transformers(llm.engine.config.model_path, llm.engine.config.torch_dtype, device)]
     gen = torch.Generator().manual_seed(0)
     vocab = llm.engine.config.model_args.vocab_size
     prompts = torch.randint(100, vocab, (max(batch_sizes), args.context), generator=gen).tolist()
@@ -203,16 +209,19 @@ def measure(systems: list, prompts: list[list[int]], batch_sizes: list[int],
 def machine_figures(model: torch.nn.Module) -> dict:
     """What bounds a decode step here: the bytes it reads, the streaming bandwidth, their ratio
     (the batch-1 floor) and the time through every linear weight per layout."""
-    bandwidth = streaming_bandwidth()
+    device = model.norm.weight.device
+    bandwidth = streaming_bandwidth(device)
     wbytes = weight_bytes(model)
-    return {"threads": torch.get_num_threads(), "weight_bytes": wbytes, "held_bytes": held_bytes(model),
-            "bandwidth": bandwidth, "floor_s": wbytes / bandwidth, "layouts_s": layout_check(model)}
+    return {"device": str(device), "threads": torch.get_num_threads(), "weight_bytes": wbytes,
+            "held_bytes": held_bytes(model), "bandwidth": bandwidth, "floor_s": wbytes / bandwidth,
+            "layouts_s": layout_check(model) if device.type == "cpu" else {}}
 
 
 def print_report(result: dict) -> None:
     floor, layouts = result["floor_s"], result["layouts_s"]
     print(f"\nweights read per step {result['weight_bytes'] / 1e6:.0f} MB, held {result['held_bytes'] / 1e6:.0f} MB; "
-          f"streaming bandwidth {result['bandwidth'] / 1e9:.1f} GB/s on {result['threads']} thread(s); "
+          f"streaming bandwidth {result['bandwidth'] / 1e9:.1f} GB/s ({result['device']}, {result['threads']} "
+          f"CPU thread(s)); "
           f"batch-1 floor {floor * 1e3:.1f} ms")
     if layouts:
         print("through every linear weight: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in layouts.items()))

@@ -40,7 +40,7 @@ class LLMEngine:
         device = torch.device(config.device)
         model = load_model(config.model_path, config.torch_dtype, device, compiled=bool(config.compile_sizes))
         self.runner = ModelRunner(model, config.num_slots, config.max_model_len, config.torch_dtype, device,
-                                  config.compile_sizes)
+                                  config.compile_sizes, cuda_graphs=not config.enforce_eager)
         spec = config.speculative
         self.spec_metrics = SpecDecodeMetrics()
         self.proposer = None

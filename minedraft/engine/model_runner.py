@@ -7,11 +7,15 @@ import torch
 from tqdm import tqdm
 
 from minedraft.engine.compiled_forward import CompiledForward
+from minedraft.engine.cuda_graphs import GraphForward
 from minedraft.kernels import attention as attention_kernel
 from minedraft.kv_cache import KVCache
 from minedraft.models.loader import cache_root
 from minedraft.models.attention import BatchLayout, batch_layout
 from minedraft.models.llama import Decoder, rope_tables, token_rope
+
+# Where `cuda_graphs` applies. Tests add "cpu" to run the graphs' fixed layouts eagerly there.
+GRAPH_DEVICES = ("cuda",)
 
 
 def logits_pass(model: torch.nn.Module, input_ids: torch.Tensor, logit_index: torch.Tensor,
@@ -30,17 +34,21 @@ class Row:
 
 class ModelRunner:
     def __init__(self, model: Decoder, num_slots: int, max_len: int, dtype: torch.dtype, device: torch.device,
-                 compile_sizes: tuple[int, ...] = ()):
+                 compile_sizes: tuple[int, ...] = (), cuda_graphs: bool = False):
         """`compile_sizes`: token counts to run through a compiled forward pass (`CompiledForward`);
-        empty: always eager."""
+        empty: always eager. `cuda_graphs`: replay decode and verification steps from CUDA graphs
+        (`GraphForward`) where `device` is a GPU."""
         args = model.args
         self.model = model
         self.device = device
-        self.cache = KVCache(args.num_layers, num_slots, max_len, args.num_kv_heads, args.head_dim, dtype, device)
+        graphs = cuda_graphs and device.type in GRAPH_DEVICES
+        self.cache = KVCache(args.num_layers, num_slots, max_len, args.num_kv_heads, args.head_dim, dtype, device,
+                             spare=graphs)
         self.rope_tables = tuple(t.to(device) for t in rope_tables(args, max_len, dtype))
         self.compiled = None
         if compile_sizes:
             self.compiled = CompiledForward(logits_pass, compile_sizes, cache_root() / "inductor")
+        self.graphs = GraphForward(model, self.cache, self.rope_tables, capture=device.type == "cuda") if graphs else None
 
     def warm_up(self, desc: str, **inputs) -> None:
         """Build every compiled graph now, with a progress bar, rather than on each size's first use.
@@ -66,16 +74,22 @@ class ModelRunner:
         """Logits as `forward`, and the states the model returns beside them for every new token,
         row after row (a target's auxiliary layers, an EAGLE-3 head's next features), or None.
         `inputs` go to the model as they are (e.g. `aux_layers`, `features`)."""
-        layout, input_ids, rope, logit_index = self.prepare(rows)
-        with batch_layout(layout):
-            logits, extra = (self.compiled or logits_pass)(self.model, input_ids, logit_index, rope, **inputs)
+        self.check(rows)
+        out = None
+        if self.graphs is not None and self.graphs.applies([len(r.tokens) for r in rows]):
+            out = self.graphs(rows, inputs)
+        if out is None:
+            layout, input_ids, rope, logit_index = self.prepare(rows)
+            with batch_layout(layout):
+                out = (self.compiled or logits_pass)(self.model, input_ids, logit_index, rope, **inputs)
         self._advance(rows)
-        return logits, extra
+        return out
 
     @torch.inference_mode()
     def hidden_states(self, rows: list[Row], **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The model's final hidden state for every new token, and its states beside them (as `run`),
         without logits; advances each slot's length."""
+        self.check(rows)
         layout, input_ids, rope, _ = self.prepare(rows)
         with batch_layout(layout):
             out = self.model(input_ids, rope, **inputs)
@@ -86,6 +100,14 @@ class ModelRunner:
         for row in rows:
             self.cache.lengths[row.slot] += len(row.tokens)
 
+    def check(self, rows: list[Row]) -> None:
+        for row in rows:
+            start, n = self.cache.lengths[row.slot], len(row.tokens)
+            if n == 0 or not 0 <= row.num_logits <= n:
+                raise ValueError(f"row for slot {row.slot} has {n} tokens and asks for {row.num_logits} logits")
+            if start + n > self.cache.max_len:
+                raise ValueError(f"slot {row.slot} would hold {start + n} tokens, over {self.cache.max_len}")
+
     def prepare(self, rows: list[Row]) -> tuple[BatchLayout, torch.Tensor, tuple[torch.Tensor, torch.Tensor],
                                                  torch.Tensor]:
         """The batch's cache layout, its tokens (packed, row after row) and their rotary (cos, sin),
@@ -94,11 +116,6 @@ class ModelRunner:
         B, T = len(rows), max(len(r.tokens) for r in rows)
         starts = [lengths[r.slot] for r in rows]
         counts = [len(r.tokens) for r in rows]
-        for row, start, n in zip(rows, starts, counts):
-            if n == 0 or not 0 <= row.num_logits <= n:
-                raise ValueError(f"row for slot {row.slot} has {n} tokens and asks for {row.num_logits} logits")
-            if start + n > self.cache.max_len:
-                raise ValueError(f"slot {row.slot} would hold {start + n} tokens, over {self.cache.max_len}")
         dev = self.device
         input_ids = torch.tensor([t for r in rows for t in r.tokens], device=dev)
         start_t = torch.tensor(starts, device=dev)

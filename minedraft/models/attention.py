@@ -39,6 +39,9 @@ class BatchLayout:
     # [B, 3] (slot, tokens cached before, new tokens): the attention kernel takes the whole batch
     # (rows, per_row and mask are then unset); None: PyTorch's attention, as the fields above say
     row_table: torch.Tensor | None = None
+    # [B] the slot each padded row reads, over positions < kv_len, masked by `mask` (every row of a
+    # CUDA graph's fixed layout, engine.cuda_graphs: write_slots and write_pos cover all B * T tokens)
+    read_slots: torch.Tensor | None = None
 
 
 # Per thread (the server's engine thread, a test's own engine): each forward pass sets its own.
@@ -69,6 +72,14 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> to
     k_cache, v_cache = meta.k_cache[layer], meta.v_cache[layer]
     if meta.row_table is not None:
         return attention_kernel.cached_attention(q, k, v, k_cache, v_cache, meta.row_table)
+    if meta.read_slots is not None:
+        B, T = meta.padded_shape
+        k_cache[meta.write_slots, :, meta.write_pos] = k
+        v_cache[meta.write_slots, :, meta.write_pos] = v
+        keys, values = k_cache[meta.read_slots, :, : meta.kv_len], v_cache[meta.read_slots, :, : meta.kv_len]
+        out = F.scaled_dot_product_attention(q.view(B, T, H, D).transpose(1, 2), keys, values, attn_mask=meta.mask,
+                                             enable_gqa=True)
+        return out.transpose(1, 2).reshape(B * T, H * D)
     k_cache[meta.write_slots, :, meta.write_pos] = k[:n]
     v_cache[meta.write_slots, :, meta.write_pos] = v[:n]
     q = q[:n]

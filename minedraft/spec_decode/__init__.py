@@ -28,7 +28,8 @@ def make_proposer(config: EngineConfig, target: Decoder) -> Proposer:
         address = spec.rendezvous or f"tcp://127.0.0.1:{free_port()}"
         sizes = [spec.prompt_lookup_min, spec.prompt_lookup_max] if spec.prompt_lookup_first else None
         args = WorkerArgs(str(spec.model_path), str(c.model_path), c.dtype, spec.draft_device, c.num_slots,
-                          c.max_model_len, spec.draft_cpus, address, c.seed + 1, list(c.compile_sizes), sizes)
+                          c.max_model_len, spec.draft_cpus, address, c.seed + 1, list(c.compile_sizes),
+                          not c.enforce_eager, sizes)
         aux_layers = ()
         if spec.method == "eagle3":
             aux_layers = Eagle3Args.from_hf(read_config(spec.model_path)).aux_layers(target.args.num_layers)
@@ -44,11 +45,12 @@ def model_proposer(config: EngineConfig, target: Decoder) -> Proposer:
         head = load_eagle3(spec.model_path, c.torch_dtype, device, target.input_embedding,
                            compiled=bool(c.compile_sizes))
         return Eagle3Proposer(head, target.args.num_layers, c.num_slots, c.max_model_len, c.torch_dtype, device,
-                              c.compile_sizes)
+                              c.compile_sizes, not c.enforce_eager)
     draft = target if spec.model == "self" else load_model(spec.model_path, c.torch_dtype, device,
                                                            embedding=target.input_embedding,
                                                            compiled=bool(c.compile_sizes))
-    return DraftModelProposer(draft, c.num_slots, c.max_model_len, c.torch_dtype, device, c.compile_sizes)
+    return DraftModelProposer(draft, c.num_slots, c.max_model_len, c.torch_dtype, device, c.compile_sizes,
+                              not c.enforce_eager)
 
 
 __all__ = ["DraftModelProposer", "Eagle3Proposer", "LookupFirst", "NgramProposer", "Proposer", "RemoteDrafter", "make_proposer"]

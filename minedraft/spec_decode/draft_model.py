@@ -33,8 +33,8 @@ class DraftModelProposer(SlotProposer):
     """
 
     def __init__(self, model: Decoder, num_slots: int, max_len: int, dtype: torch.dtype, device: torch.device,
-                 compile_sizes: tuple[int, ...] = ()):
-        self.runner = ModelRunner(model, num_slots, max_len, dtype, device, compile_sizes)
+                 compile_sizes: tuple[int, ...] = (), cuda_graphs: bool = False):
+        self.runner = ModelRunner(model, num_slots, max_len, dtype, device, compile_sizes, cuda_graphs)
         self.runner.warm_up("compiling the drafter")
         # A reduced head scores its own tokens: their ids in the target's vocabulary, and its size.
         self.vocab = None if model.draft_vocab is None else (model.draft_vocab, model.args.vocab_size)

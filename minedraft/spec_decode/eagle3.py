@@ -20,8 +20,8 @@ from minedraft.sampling import Dist
 
 class Eagle3Proposer(SlotProposer):
     def __init__(self, head: Eagle3Head, target_layers: int, num_slots: int, max_len: int, dtype: torch.dtype,
-                 device: torch.device, compile_sizes: tuple[int, ...] = ()):
-        self.runner = ModelRunner(head, num_slots, max_len, dtype, device, compile_sizes)
+                 device: torch.device, compile_sizes: tuple[int, ...] = (), cuda_graphs: bool = False):
+        self.runner = ModelRunner(head, num_slots, max_len, dtype, device, compile_sizes, cuda_graphs)
         # Two graphs per size: the first step reads the target's three layers, later ones the head's own.
         for width in (3 * head.config.target_hidden_size, head.hidden_size):
             feature = torch.zeros(1, width, dtype=dtype, device=device)

@@ -34,6 +34,7 @@ class WorkerArgs:
     init_method: str
     seed: int
     compile_sizes: list[int]  # the drafter's compiled forward (EngineConfig.compile_sizes)
+    cuda_graphs: bool  # the drafter's CUDA graphs on a GPU (not EngineConfig.enforce_eager)
     prompt_lookup: list[int] | None = None  # [min, max] n-gram sizes of a lookup in front of the model
 
 

@@ -44,11 +44,12 @@ def make_proposer(args: WorkerArgs, device: torch.device, dtype: torch.dtype) ->
     if is_eagle3(config):
         head = load_eagle3(draft_path, dtype, device, read_embedding(target_path), compiled=compiled)
         target_layers = read_config(target_path)["num_hidden_layers"]
-        model: Proposer = Eagle3Proposer(head, target_layers, args.num_slots, args.max_len, dtype, device, sizes)
+        model: Proposer = Eagle3Proposer(head, target_layers, args.num_slots, args.max_len, dtype, device, sizes,
+                                         args.cuda_graphs)
     else:
         embedding = read_embedding(target_path) if uses_target_embedding(config) else None
         model = DraftModelProposer(load_model(draft_path, dtype, device, embedding, compiled=compiled), args.num_slots,
-                                   args.max_len, dtype, device, sizes)
+                                   args.max_len, dtype, device, sizes, args.cuda_graphs)
     if args.prompt_lookup is None:
         return model
     return LookupFirst(model, NgramProposer(*args.prompt_lookup, config["vocab_size"], dtype))

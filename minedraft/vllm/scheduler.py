@@ -68,7 +68,7 @@ class PSDScheduler(Scheduler):
                           dtype=dtype, device=settings["draft_device"], num_slots=self.max_num_running_reqs,
                           max_len=self.max_model_len, cpus=settings["draft_cpus"],
                           init_method=f"tcp://127.0.0.1:{free_port()}", seed=config.model_config.seed or 0,
-                          compile_sizes=[])
+                          compile_sizes=[], cuda_graphs=not config.model_config.enforce_eager)
         self.drafter: RemoteDrafter | None = RemoteDrafter(args, settings["timeout_s"])
         self._record("start", drafter_pid=self.drafter.process.pid, parallel=self.parallel, k=self.k)
 
