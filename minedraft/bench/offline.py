@@ -191,7 +191,7 @@ def build_engines(args: argparse.Namespace, modes: list[str], base: dict, k: int
                          enforce_eager=args.enforce_eager, max_num_batched_tokens=args.max_num_batched_tokens,
                          max_prompt_tokens_beside_streams=args.max_prompt_tokens_beside_streams,
                          enable_chunked_prefill=args.enable_chunked_prefill,
-                         prefill_stall_ratio=args.prefill_stall_ratio)
+                         prefill_stall_ratio=args.prefill_stall_ratio, scheduling_policy=args.scheduling_policy)
     return llms
 
 

@@ -11,7 +11,10 @@ eager), in fixed buffers:
   position), `kv` a power of two >= the longest row, so a short context does not pay for
   max_model_len.
 One graph per (rows, tokens per row, kv, extra inputs) is captured at its first use, as vLLM
-captures its sizes; all share one memory pool, since they never run at once. On another device
+captures its sizes; all share one memory pool, since they never run at once. A graph ends at the
+final hidden states: the LM head (a fifth of SmolLM2's weights, one kernel) runs after it on the
+tokens whose logits are asked for only, so no graph holds a [tokens, vocabulary] buffer of its own
+and padding is never scored. On another device
 (tests on CPU) the same layout runs eagerly, without capture. A capture that fails warns once and
 leaves every later step eager.
 """
@@ -42,7 +45,7 @@ def bucket(n: int, floor: int, cap: int) -> int:
 class _Graph:
     meta: torch.Tensor  # int64: ids [B*T], positions [B*T], write slots [B*T], read slots [B]
     inputs: dict[str, torch.Tensor]  # padded per-token inputs, [B*T, ...]
-    run: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]  # replays (or runs) the step
+    run: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]  # replays (or runs) the step: hidden, states
 
 
 class GraphForward:
@@ -101,8 +104,9 @@ class GraphForward:
         dest_t = torch.tensor(dest, device=graph.meta.device)
         for name, t in tensors.items():
             graph.inputs[name].index_copy_(0, dest_t, t)
-        logits, states = graph.run()
-        return logits[torch.tensor(logit_index, device=logits.device)], None if states is None else states[dest_t]
+        hidden, states = graph.run()
+        logits = self.model.compute_logits(hidden[torch.tensor(logit_index, device=hidden.device)])
+        return logits, None if states is None else states[dest_t]
 
     def _build(self, B: int, T: int, kv: int, inputs: dict, tensors: dict[str, torch.Tensor]) -> _Graph:
         device = self.cache.k.device
@@ -123,8 +127,7 @@ class GraphForward:
                                  write_slots=writes, write_pos=pos, padded_shape=(B, T), valid=None, kv_len=kv,
                                  mask=(keys[None, None, :] <= pos.view(B, T, 1))[:, None], read_slots=reads)
             with batch_layout(layout):
-                hidden, states = self.model(ids, token_rope(self.rope_tables, pos), **{**inputs, **static})
-                return self.model.compute_logits(hidden), states
+                return self.model(ids, token_rope(self.rope_tables, pos), **{**inputs, **static})
 
         if not self.capture:
             return _Graph(meta, static, step)

@@ -57,7 +57,8 @@ class LLMEngine:
         self.draft_length = self._controller()
         self.trace: list[dict] | None = [] if config.trace else None
         self.scheduler = Scheduler(self.runner.cache, config.max_num_batched_tokens, config.enable_chunked_prefill,
-                                   config.prefill_stall_ratio, config.max_prompt_tokens_beside_streams)
+                                   config.prefill_stall_ratio, config.max_prompt_tokens_beside_streams,
+                                   config.scheduling_policy)
         self.inputs = InputProcessor(config)
         self.tokenizer = self.inputs.tokenizer
         self.output = OutputProcessor(self.tokenizer, eos_token_ids(config.model_path, self.tokenizer),

@@ -65,9 +65,11 @@ def _average(mean: float | None, value: float, weight: float) -> float:
 
 class Scheduler:
     def __init__(self, cache: KVCache, max_num_batched_tokens: int, chunked: bool = True,
-                 stall_ratio: float | None = None, tokens_beside_streams: int | None = None):
+                 stall_ratio: float | None = None, tokens_beside_streams: int | None = None,
+                 policy: str = "fcfs"):
         self.cache = cache
         self.chunked = chunked
+        self.shortest_first = policy == "shortest_prompt"
         self.pacer = PrefillPacer(stall_ratio if chunked else None, max_num_batched_tokens, tokens_beside_streams)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -92,6 +94,9 @@ class Scheduler:
         prefilling = []
         for seq in self.running:
             (prefilling if self.prompt_left(seq) else step.running).append(seq)
+        if self.shortest_first:
+            prefilling.sort(key=self.prompt_left)
+            self.waiting = deque(sorted(self.waiting, key=len))
         budget = self.pacer.budget(bool(step.running), len(prefilling) + len(self.waiting))
         for seq in prefilling:
             left = self.prompt_left(seq)

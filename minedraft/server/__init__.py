@@ -19,7 +19,8 @@ def serve(args: argparse.Namespace) -> None:
                           max_num_batched_tokens=args.max_num_batched_tokens,
                           max_prompt_tokens_beside_streams=args.max_prompt_tokens_beside_streams,
                           enable_chunked_prefill=args.enable_chunked_prefill,
-                          prefill_stall_ratio=args.prefill_stall_ratio, serving=True, trace=bool(args.trace))
+                          prefill_stall_ratio=args.prefill_stall_ratio, scheduling_policy=args.scheduling_policy,
+                          serving=True, trace=bool(args.trace))
     # `with`: the trace file is closed however the server ends, a failed start included
     with open(args.trace, "a", encoding="utf-8") if args.trace else contextlib.nullcontext() as trace_file:
         server = AsyncEngine(LLMEngine(config), max_queue=args.max_queue, trace_file=trace_file)

@@ -114,3 +114,19 @@ def test_chunks_beside_streams_take_the_pacers_budget():
     assert run(scheduler) == ([0], [(1, 20)])
     unchunked = Scheduler(cache, max_num_batched_tokens=40, chunked=False, stall_ratio=2.0)
     assert unchunked.pacer.stall_ratio is None  # a prompt that must go whole is not paced
+
+
+
+def test_shortest_prompt_first_orders_prompt_tokens_by_what_is_left():
+    cache = KVCache(1, 5, 64, 1, 2, torch.float32, torch.device("cpu"))
+    scheduler = Scheduler(cache, max_num_batched_tokens=40, tokens_beside_streams=10, policy="shortest_prompt")
+    seqs = [sequence(i, n) for i, n in enumerate((30, 12, 3, 25, 4))]
+    for seq in seqs[:2]:
+        scheduler.add(seq)
+    assert run(scheduler) == ([], [(1, 12), (0, 28)])  # nobody streams: 40 tokens, the shorter prompt first
+    scheduler.add(seqs[2])
+    assert run(scheduler) == ([1], [(0, 2), (2, 3)])  # beside a stream: 10, the least left first
+    scheduler.add(seqs[3])
+    scheduler.add(seqs[4])  # arrived later but shorter: admitted and prefilled first
+    assert run(scheduler) == ([1, 0, 2], [(4, 4), (3, 6)])
+    assert run(scheduler) == ([1, 0, 2, 4], [(3, 10)])
