@@ -32,9 +32,10 @@ def add_prefill_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill-stall-ratio", type=lambda v: None if v.lower() == "none" else float(v), default=None,
                         help="beside running streams, a lone prompt's chunks shrink so that a step takes at most "
                              "this many times a step without them, e.g. 2.5 (default none: the full budget)")
-    parser.add_argument("--scheduling-policy", choices=["fcfs", "shortest_prompt"], default="fcfs",
-                        help="which prompts a step's prompt tokens go to: in arrival order (default), or the "
-                             "shortest first")
+    parser.add_argument("--scheduling-policy", choices=["fcfs", "shortest_prompt"], default=None,
+                        help="which prompts a step's prompt tokens go to: in arrival order, or the soonest done "
+                             "first, none passing a prompt that waited its own prefill time (default: "
+                             "shortest_prompt for serve, fcfs elsewhere)")
 
 
 def add_speculative_arg(parser: argparse.ArgumentParser) -> None:

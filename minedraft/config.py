@@ -247,7 +247,9 @@ class EngineConfig:
     # Off by default: its gain was small and mixed (docs/BENCHMARKS.md, issue 19) and it makes the
     # chunking depend on timing.
     prefill_stall_ratio: float | None = None
-    scheduling_policy: str = "fcfs"  # or "shortest_prompt": prompt tokens go to the shortest prompts first
+    # Which prompts a step's prompt tokens go to: "fcfs" (arrival order) or "shortest_prompt" (the
+    # soonest done first, engine.scheduler); None: "shortest_prompt" when `serving`, else "fcfs".
+    scheduling_policy: str | None = None
     kv_cache_memory_gb: float | None = None  # cap on KV-cache memory; None: max_num_seqs full slots
     num_threads: int | None = None  # torch threads on CPU; None: leave torch's default
     seed: int = 0  # for requests without their own seed
@@ -295,6 +297,8 @@ class EngineConfig:
         if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float))
                                   or not math.isfinite(ratio) or ratio <= 1):
             raise ValueError(f"prefill_stall_ratio must be a number > 1 or None, got {ratio!r}")
+        if self.scheduling_policy is None:
+            self.scheduling_policy = "shortest_prompt" if self.serving else "fcfs"
         if self.scheduling_policy not in ("fcfs", "shortest_prompt"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'shortest_prompt', got {self.scheduling_policy!r}")
         for name in ("enforce_eager", "enable_chunked_prefill", "serving"):

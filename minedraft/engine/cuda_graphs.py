@@ -87,8 +87,8 @@ class GraphForward:
                 return None
         # Padding: tokens 0 at positions 0.. of the spare slot; a short row's padding tokens sit
         # after its own (within kv, so their queries see keys) but write into the spare slot.
-        ids, positions, writes, reads = [0] * (B * T), [t for _ in range(B) for t in range(T)], [spare] * (B * T), \
-            [spare] * B
+        ids, writes = [0] * (B * T), [spare] * (B * T)
+        positions, reads = [t for _ in range(B) for t in range(T)], [spare] * B
         dest, logit_index = [], []
         for b, row in enumerate(rows):
             start, n = lengths[row.slot], len(row.tokens)

@@ -175,7 +175,7 @@ class LLMEngine:
             for seq in seqs + [s for s, _ in chunks]:
                 self._finish(seq, "error")
         self._release_drafter_slots()
-        self.scheduler.pacer.observe(time.perf_counter() - start, bool(step.running), sum(n for _, n in chunks))
+        self.scheduler.observe(time.perf_counter() - start, bool(step.running), sum(n for _, n in chunks))
         # A prompt that is still being prefilled has nothing new to report.
         advanced = seqs + [s for s, _ in chunks if s.output_token_ids or s.status == Status.FINISHED]
         return self.output.request_outputs(self.requests, advanced)

@@ -1,5 +1,6 @@
 """Continuous batching with chunked prefill: every step runs each prefilled sequence's next tokens
-beside a bounded share of prompt tokens, admitted in arrival order while KV slots are free."""
+beside a bounded share of prompt tokens, admitted while KV slots are free: in arrival order, or
+(policy "shortest_prompt") the soonest-done prompt first."""
 
 from collections import deque
 from dataclasses import dataclass, field
@@ -64,12 +65,20 @@ def _average(mean: float | None, value: float, weight: float) -> float:
 
 
 class Scheduler:
+    """Prompt tokens go to prompts in arrival order ("fcfs"), or with "shortest_prompt" by the time
+    each would be done if it had the prompt budget to itself from its arrival: arrival + tokens
+    left x the engine's wall-clock seconds per prompt token (learned). That is shortest-first among
+    prompts that arrive close together, which cuts the median time to first token under load
+    (docs/BENCHMARKS.md, issue 19), and arrival order once a prompt has waited as long as it
+    takes: no newcomer passes a prompt that has waited its own prefill time, so none starves."""
+
     def __init__(self, cache: KVCache, max_num_batched_tokens: int, chunked: bool = True,
                  stall_ratio: float | None = None, tokens_beside_streams: int | None = None,
                  policy: str = "fcfs"):
         self.cache = cache
         self.chunked = chunked
         self.shortest_first = policy == "shortest_prompt"
+        self.token_s = 0.0  # wall-clock seconds per prompt token, a moving average; 0: arrival order
         self.pacer = PrefillPacer(stall_ratio if chunked else None, max_num_batched_tokens, tokens_beside_streams)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -95,8 +104,8 @@ class Scheduler:
         for seq in self.running:
             (prefilling if self.prompt_left(seq) else step.running).append(seq)
         if self.shortest_first:
-            prefilling.sort(key=self.prompt_left)
-            self.waiting = deque(sorted(self.waiting, key=len))
+            prefilling.sort(key=lambda s: s.arrival_time + self.prompt_left(s) * self.token_s)
+            self.waiting = deque(sorted(self.waiting, key=lambda s: s.arrival_time + len(s) * self.token_s))
         budget = self.pacer.budget(bool(step.running), len(prefilling) + len(self.waiting))
         for seq in prefilling:
             left = self.prompt_left(seq)
@@ -116,6 +125,12 @@ class Scheduler:
             step.chunks.append((seq, n))
             budget -= n
         return step
+
+    def observe(self, seconds: float, streams: bool, prompt_tokens: int) -> None:
+        """A finished step's time, whether it ran streams, and the prompt tokens it carried."""
+        self.pacer.observe(seconds, streams, prompt_tokens)
+        if prompt_tokens:
+            self.token_s = _average(self.token_s or None, seconds / prompt_tokens, PrefillPacer.WEIGHT)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End a sequence wherever it is and release its slot."""

@@ -175,6 +175,16 @@ def test_prompt_budget_beside_streams_defaults_to_latency_when_serving_and_throu
         EngineConfig(str(tiny_llama), max_prompt_tokens_beside_streams=0)
 
 
+def test_prompts_go_shortest_first_when_serving_and_in_arrival_order_offline(tiny_llama):
+    from minedraft.config import EngineConfig
+
+    assert EngineConfig(str(tiny_llama)).scheduling_policy == "fcfs"
+    assert EngineConfig(str(tiny_llama), serving=True).scheduling_policy == "shortest_prompt"
+    assert EngineConfig(str(tiny_llama), serving=True, scheduling_policy="fcfs").scheduling_policy == "fcfs"
+    with pytest.raises(ValueError, match="scheduling_policy"):
+        EngineConfig(str(tiny_llama), scheduling_policy="lifo")
+
+
 # -- one bad request never hurts another -------------------------------------------------------------
 
 

@@ -117,9 +117,12 @@ def test_chunks_beside_streams_take_the_pacers_budget():
 
 
 
-def test_shortest_prompt_first_orders_prompt_tokens_by_what_is_left():
+
+def test_shortest_prompt_first_orders_prompt_tokens_by_when_each_would_be_done():
     cache = KVCache(1, 5, 64, 1, 2, torch.float32, torch.device("cpu"))
     scheduler = Scheduler(cache, max_num_batched_tokens=40, tokens_beside_streams=10, policy="shortest_prompt")
+    scheduler.observe(2.0, False, 20)  # 0.1 s a prompt token
+    assert scheduler.token_s == 0.1
     seqs = [sequence(i, n) for i, n in enumerate((30, 12, 3, 25, 4))]
     for seq in seqs[:2]:
         scheduler.add(seq)
@@ -130,3 +133,28 @@ def test_shortest_prompt_first_orders_prompt_tokens_by_what_is_left():
     scheduler.add(seqs[4])  # arrived later but shorter: admitted and prefilled first
     assert run(scheduler) == ([1, 0, 2], [(4, 4), (3, 6)])
     assert run(scheduler) == ([1, 0, 2, 4], [(3, 10)])
+
+
+def test_shortest_prompt_first_lets_no_newcomer_pass_a_prompt_that_waited_its_own_prefill_time():
+    cache = KVCache(1, 4, 64, 1, 2, torch.float32, torch.device("cpu"))
+    scheduler = Scheduler(cache, max_num_batched_tokens=10, policy="shortest_prompt")
+    scheduler.observe(1.0, False, 10)  # 0.1 s a prompt token
+    old, new = sequence(0, 30), sequence(1, 4)
+    old.arrival_time -= 2.5  # waited 2.5 s of the 3 its 30 tokens take: done at +0.5 s
+    for seq in (old, new):
+        scheduler.add(seq)
+    assert run(scheduler) == ([], [(1, 4), (0, 6)])  # the newcomer would be done at +0.4 s: it passes
+    scheduler.add(sequence(2, 2))  # done at +0.2 s, but the old prompt's 24 tokens left at -0.1 s
+    assert run(scheduler) == ([1], [(0, 10)])
+
+
+def test_arrival_order_is_the_default_and_until_a_prompt_token_was_timed():
+    cache = KVCache(1, 4, 64, 1, 2, torch.float32, torch.device("cpu"))
+    for scheduler in (Scheduler(cache, max_num_batched_tokens=40),
+                      Scheduler(cache, max_num_batched_tokens=40, policy="shortest_prompt")):
+        long, short = sequence(0, 30), sequence(1, 4)
+        scheduler.add(long)
+        scheduler.add(short)
+        assert run(scheduler) == ([], [(0, 30), (1, 4)])
+        for seq in (long, short):
+            scheduler.finish(seq, "stop")

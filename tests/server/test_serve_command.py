@@ -29,6 +29,9 @@ def test_serve_defaults_to_the_serving_prompt_budget(tiny_llama, monkeypatch):
     config = built_config(monkeypatch, ["--model", str(tiny_llama)])
     assert config.serving and config.max_num_batched_tokens == CPU_MAX_NUM_BATCHED_TOKENS
     assert config.max_prompt_tokens_beside_streams == CPU_SERVING_TOKENS_BESIDE_STREAMS
+    assert config.scheduling_policy == "shortest_prompt"
+    chosen = built_config(monkeypatch, ["--model", str(tiny_llama), "--scheduling-policy", "fcfs"])
+    assert chosen.scheduling_policy == "fcfs"
 
 
 def test_serve_traces_steps_only_when_asked(tiny_llama, monkeypatch, tmp_path):
