@@ -48,7 +48,9 @@ class ModelRunner:
         self.compiled = None
         if compile_sizes:
             self.compiled = CompiledForward(logits_pass, compile_sizes, cache_root() / "inductor")
-        self.graphs = GraphForward(model, self.cache, self.rope_tables, capture=device.type == "cuda") if graphs else None
+        self.graphs = None
+        if graphs:
+            self.graphs = GraphForward(model, self.cache, self.rope_tables, capture=device.type == "cuda")
 
     def warm_up(self, desc: str, **inputs) -> None:
         """Build every compiled graph now, with a progress bar, rather than on each size's first use.
@@ -101,6 +103,7 @@ class ModelRunner:
             self.cache.lengths[row.slot] += len(row.tokens)
 
     def check(self, rows: list[Row]) -> None:
+        """ValueError for a row with no tokens, asking for more logits than tokens, or past max_len."""
         for row in rows:
             start, n = self.cache.lengths[row.slot], len(row.tokens)
             if n == 0 or not 0 <= row.num_logits <= n:

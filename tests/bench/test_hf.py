@@ -31,7 +31,8 @@ def bench_args(tmp_path, **overrides) -> argparse.Namespace:
                 num_speculative_tokens="2,auto", concurrency="1", dataset=None, num_prompts=2, output_len=6,
                 ignore_eos=True, temperature=0.0, max_model_len=256, repeats=1, output_json=None,
                 plot_dir=str(tmp_path / "plots"), seed=0, enforce_eager=True, max_num_batched_tokens=None,
-                max_prompt_tokens_beside_streams=None, enable_chunked_prefill=True, prefill_stall_ratio=None)
+                max_prompt_tokens_beside_streams=None, enable_chunked_prefill=True, prefill_stall_ratio=None,
+                scheduling_policy=None)
     return argparse.Namespace(**{**args, **overrides})
 
 
