@@ -7,9 +7,9 @@ every row brings at most MAX_TOKENS_PER_ROW new tokens (decode, verification; pr
 eager), in fixed buffers:
 - rows are padded up to a power of two; padding rows, and the padding tokens of short rows, write
   into a spare KV slot that no sequence owns;
-- each row attends over the first `kv` positions of its slot (keys gathered and masked by
-  position), `kv` a power of two >= the longest row, so a short context does not pay for
-  max_model_len.
+- each row attends over the first `kv` positions of its slot (the batched attention call of
+  `models.attention`, its rows a tensor of slots, keys masked by position), `kv` a power of two
+  >= the longest row, so a short context does not pay for max_model_len.
 One graph per (rows, tokens per row, kv, extra inputs) is captured at its first use, as vLLM
 captures its sizes; all share one memory pool, since they never run at once. A graph ends at the
 final hidden states: the LM head (a fifth of SmolLM2's weights, one kernel) runs after it on the
@@ -33,12 +33,9 @@ MAX_TOKENS_PER_ROW = 17  # a verification at the largest k (16)
 MIN_KV = 256
 
 
-def bucket(n: int, floor: int, cap: int) -> int:
-    """The smallest power-of-two multiple of `floor` >= n, at most `cap`."""
-    size = floor
-    while size < n:
-        size *= 2
-    return min(size, cap)
+def power_of_two(n: int) -> int:
+    """The smallest power of two >= n."""
+    return 1 << (n - 1).bit_length()
 
 
 @dataclass
@@ -70,9 +67,9 @@ class GraphForward:
         states for every new token (as `ModelRunner.run`); the caller advances the slots. None:
         capturing failed (warned), run this step and every later one eagerly."""
         lengths, spare = self.cache.lengths, self.cache.spare_slot
-        B = bucket(len(rows), 1, 1 << 30)
-        T = max(len(r.tokens) for r in rows)
-        kv = bucket(max(lengths[r.slot] + len(r.tokens) for r in rows), MIN_KV, self.cache.max_len)
+        B, T = power_of_two(len(rows)), max(len(r.tokens) for r in rows)
+        longest = max(lengths[r.slot] + len(r.tokens) for r in rows)
+        kv = min(max(power_of_two(longest), MIN_KV), self.cache.max_len)
         tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
         key = (B, T, kv, tuple(sorted((k, v) for k, v in inputs.items() if k not in tensors)),
                tuple(sorted((k, tuple(v.shape[1:]), v.dtype) for k, v in tensors.items())))
@@ -123,9 +120,9 @@ class GraphForward:
         def step() -> tuple[torch.Tensor, torch.Tensor | None]:
             ids, pos, writes, reads = meta[:N], meta[N : 2 * N], meta[2 * N : 3 * N], meta[3 * N :]
             keys = torch.arange(kv, device=device)
-            layout = BatchLayout(k_cache=self.cache.k, v_cache=self.cache.v, num_tokens=N, rows=None, per_row=None,
+            layout = BatchLayout(k_cache=self.cache.k, v_cache=self.cache.v, num_tokens=N, rows=reads, per_row=None,
                                  write_slots=writes, write_pos=pos, padded_shape=(B, T), valid=None, kv_len=kv,
-                                 mask=(keys[None, None, :] <= pos.view(B, T, 1))[:, None], read_slots=reads)
+                                 mask=(keys[None, None, :] <= pos.view(B, T, 1))[:, None])
             with batch_layout(layout):
                 return self.model(ids, token_rope(self.rope_tables, pos), **{**inputs, **static})
 

@@ -78,7 +78,7 @@ class Scheduler:
         self.cache = cache
         self.chunked = chunked
         self.shortest_first = policy == "shortest_prompt"
-        self.token_s = 0.0  # wall-clock seconds per prompt token, a moving average; 0: arrival order
+        self.prompt_token_s = 0.0  # wall-clock seconds per prompt token, a moving average; 0: arrival order
         self.pacer = PrefillPacer(stall_ratio if chunked else None, max_num_batched_tokens, tokens_beside_streams)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -104,8 +104,8 @@ class Scheduler:
         for seq in self.running:
             (prefilling if self.prompt_left(seq) else step.running).append(seq)
         if self.shortest_first:
-            prefilling.sort(key=lambda s: s.arrival_time + self.prompt_left(s) * self.token_s)
-            self.waiting = deque(sorted(self.waiting, key=lambda s: s.arrival_time + len(s) * self.token_s))
+            prefilling.sort(key=lambda s: s.arrival_time + self.prompt_left(s) * self.prompt_token_s)
+            self.waiting = deque(sorted(self.waiting, key=lambda s: s.arrival_time + len(s) * self.prompt_token_s))
         budget = self.pacer.budget(bool(step.running), len(prefilling) + len(self.waiting))
         for seq in prefilling:
             left = self.prompt_left(seq)
@@ -130,7 +130,7 @@ class Scheduler:
         """A finished step's time, whether it ran streams, and the prompt tokens it carried."""
         self.pacer.observe(seconds, streams, prompt_tokens)
         if prompt_tokens:
-            self.token_s = _average(self.token_s or None, seconds / prompt_tokens, PrefillPacer.WEIGHT)
+            self.prompt_token_s = _average(self.prompt_token_s or None, seconds / prompt_tokens, PrefillPacer.WEIGHT)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End a sequence wherever it is and release its slot."""

@@ -27,7 +27,9 @@ class BatchLayout:
     k_cache: torch.Tensor  # [layer, slot, kv_head, position, head_dim]
     v_cache: torch.Tensor
     num_tokens: int  # N; a compiled pass may carry padding tokens after these
-    rows: slice | None  # evenly spaced cache slots attended in one call over padded rows (a view: no copy) ...
+    # The cache slots attended in one call over padded rows: evenly spaced ones (a slice: a view,
+    # no copy), or any, gathered (a [B] tensor: a CUDA graph's fixed layout, engine.cuda_graphs) ...
+    rows: slice | torch.Tensor | None
     # ... or one call per row over its own packed tokens: (slot, kv length, first token, tokens, mask)
     per_row: list[tuple[int, int, int, int, torch.Tensor | None]] | None
     write_slots: torch.Tensor  # [N] slot of each token
@@ -39,9 +41,6 @@ class BatchLayout:
     # [B, 3] (slot, tokens cached before, new tokens): the attention kernel takes the whole batch
     # (rows, per_row and mask are then unset); None: PyTorch's attention, as the fields above say
     row_table: torch.Tensor | None = None
-    # [B] the slot each padded row reads, over positions < kv_len, masked by `mask` (every row of a
-    # CUDA graph's fixed layout, engine.cuda_graphs: write_slots and write_pos cover all B * T tokens)
-    read_slots: torch.Tensor | None = None
 
 
 # Per thread (the server's engine thread, a test's own engine): each forward pass sets its own.
@@ -72,14 +71,6 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> to
     k_cache, v_cache = meta.k_cache[layer], meta.v_cache[layer]
     if meta.row_table is not None:
         return attention_kernel.cached_attention(q, k, v, k_cache, v_cache, meta.row_table)
-    if meta.read_slots is not None:
-        B, T = meta.padded_shape
-        k_cache[meta.write_slots, :, meta.write_pos] = k
-        v_cache[meta.write_slots, :, meta.write_pos] = v
-        keys, values = k_cache[meta.read_slots, :, : meta.kv_len], v_cache[meta.read_slots, :, : meta.kv_len]
-        out = F.scaled_dot_product_attention(q.view(B, T, H, D).transpose(1, 2), keys, values, attn_mask=meta.mask,
-                                             enable_gqa=True)
-        return out.transpose(1, 2).reshape(B * T, H * D)
     k_cache[meta.write_slots, :, meta.write_pos] = k[:n]
     v_cache[meta.write_slots, :, meta.write_pos] = v[:n]
     q = q[:n]

@@ -122,7 +122,7 @@ def test_shortest_prompt_first_orders_prompt_tokens_by_when_each_would_be_done()
     cache = KVCache(1, 5, 64, 1, 2, torch.float32, torch.device("cpu"))
     scheduler = Scheduler(cache, max_num_batched_tokens=40, tokens_beside_streams=10, policy="shortest_prompt")
     scheduler.observe(2.0, False, 20)  # 0.1 s a prompt token
-    assert scheduler.token_s == 0.1
+    assert scheduler.prompt_token_s == 0.1
     seqs = [sequence(i, n) for i, n in enumerate((30, 12, 3, 25, 4))]
     for seq in seqs[:2]:
         scheduler.add(seq)
