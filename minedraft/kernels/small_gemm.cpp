@@ -63,16 +63,19 @@ struct BF16 {
 };
 #endif
 
-// Rows x[0..R) against the k terms [k0, k0 + kChunk) of one panel: 2R float32 accumulators, each
-// weight vector loaded once per k step, their sums added to y (float32, in L1; the bias first, at
-// k0 = 0). Summing K in chunks: with one running sum over all of K, SmolLM2's float32 logits were
-// 1.4e-4 off float64's (oneDNN / MKL: 6e-5); in chunks, 3.4e-5. The row blocks of a chunk share
-// its prefetching: block `prefetch_phase` of `prefetch_every` asks at that block's turn of the k
-// steps. With the first block asking for all of it, products of 16 to 64 rows took 1.1-1.2x as
-// long (docs/BENCHMARKS.md): its requests came in bursts, idle while the other blocks ran.
-template <typename E, int R>
-void panel_block(const typename E::T* x, int64_t K, int64_t k0, const typename E::T* panel, const float* bias,
-                 float* y, int64_t ldy, int64_t cols, int64_t prefetch_phase, int64_t prefetch_every) {
+// Rows x[0..R) against k terms [0, kn) of one panel chunk w ([kn, 32]; kn <= kChunk, x and w
+// start at the chunk's first term): 2R float32 accumulators, each weight vector loaded once per k
+// step, their sums added to y (float32, in L1; to the bias first, at the panel's first chunk).
+// Summing K in chunks: with one running sum over all of K, SmolLM2's float32 logits were 1.4e-4
+// off float64's (oneDNN / MKL: 6e-5); in chunks, 3.4e-5. Chunks read from the packed panels ask
+// for the weights ahead (`Prefetch`); there the row blocks of a chunk share the asking: block
+// `prefetch_phase` of `prefetch_every` asks at that block's turn of the k steps. With the first
+// block asking for all of it, products of 16 to 64 rows took 1.1-1.2x as long
+// (docs/BENCHMARKS.md): its requests came in bursts, idle while the other blocks ran.
+template <typename E, bool Prefetch, int R>
+void panel_block(const typename E::T* x, int64_t ldx, int64_t kn, const typename E::T* w, bool first,
+                 const float* bias, float* y, int64_t ldy, int64_t cols, int64_t prefetch_phase,
+                 int64_t prefetch_every) {
   constexpr int64_t step = E::kTerms, second = 16 * E::kTerms;  // per k step; the second vector's offset
   constexpr int64_t ahead = kPrefetchBytes / sizeof(typename E::T);
   const __mmask16 m0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
@@ -83,11 +86,10 @@ void panel_block(const typename E::T* x, int64_t K, int64_t k0, const typename E
     a1[r] = _mm512_setzero_ps();
   }
   int64_t turn = prefetch_phase;
-  for (int64_t k = k0; k < std::min(K, k0 + kChunk); k += step) {
-    const typename E::T* w = panel + k * kPanel;  // k step k / step, 32 lanes of `step` terms
+  for (int64_t k = 0; k < kn; k += step, w += kPanel * step) {  // k step k / step, 32 lanes of `step` terms
     // The packed panels are contiguous: this runs on into the next ones. (The first test keeps the
     // counter out of a lone block's loop: with it, 5-row products took 4% longer.)
-    if (prefetch_every == 1 || turn-- == 0) {
+    if (Prefetch && (prefetch_every == 1 || turn-- == 0)) {
       turn = prefetch_every - 1;
       _mm_prefetch(reinterpret_cast<const char*>(w + ahead), _MM_HINT_T1);
       _mm_prefetch(reinterpret_cast<const char*>(w + ahead + second), _MM_HINT_T1);
@@ -95,13 +97,13 @@ void panel_block(const typename E::T* x, int64_t K, int64_t k0, const typename E
     const __m512 w0 = _mm512_load_ps(reinterpret_cast<const float*>(w));
     const __m512 w1 = _mm512_load_ps(reinterpret_cast<const float*>(w + second));
     for (int r = 0; r < R; ++r) {
-      const __m512 xr = E::broadcast(x + r * K + k);
+      const __m512 xr = E::broadcast(x + r * ldx + k);
       a0[r] = E::madd(a0[r], xr, w0);
       a1[r] = E::madd(a1[r], xr, w1);
     }
   }
   for (int r = 0; r < R; ++r) {  // y = bias + chunk sums, in order
-    const float* base = k0 == 0 ? bias : y + r * ldy;
+    const float* base = first ? bias : y + r * ldy;
     const __m512 t0 = base ? _mm512_maskz_loadu_ps(m0, base) : _mm512_setzero_ps();
     const __m512 t1 = base ? _mm512_maskz_loadu_ps(m1, base + 16) : _mm512_setzero_ps();
     _mm512_mask_storeu_ps(y + r * ldy, m0, _mm512_add_ps(t0, a0[r]));
@@ -110,37 +112,77 @@ void panel_block(const typename E::T* x, int64_t K, int64_t k0, const typename E
 }
 
 template <typename E>
-using BlockFn = void (*)(const typename E::T*, int64_t, int64_t, const typename E::T*, const float*, float*, int64_t,
-                         int64_t, int64_t, int64_t);
+using BlockFn = void (*)(const typename E::T*, int64_t, int64_t, const typename E::T*, bool, const float*, float*,
+                         int64_t, int64_t, int64_t, int64_t);
 
-template <typename E, int... Rs>
+template <typename E, bool Prefetch, int... Rs>
 constexpr auto block_table(std::integer_sequence<int, Rs...>) {
-  return std::array<BlockFn<E>, sizeof...(Rs)>{panel_block<E, Rs + 1>...};
+  return std::array<BlockFn<E>, sizeof...(Rs)>{panel_block<E, Prefetch, Rs + 1>...};
 }
 
-// x [M, K] (contiguous), panels [P, K, 32] of the same type, bias [n] float32 or null, y [M, n] float32.
-template <typename E>
-void multiply(const at::Tensor& x, const at::Tensor& panels, int64_t n, const float* bp, float* yp) {
-  static constexpr auto blocks = block_table<E>(std::make_integer_sequence<int, kMaxBlockRows>{});
+// y [M, n] = x [M, K] (contiguous) times the panels, chunk after chunk: `chunk(p, k0, kn)` gives
+// panel p's terms [k0, k0 + kn) as [kn, 32] weights (E::T), the packed panels themselves or a
+// buffer it decoded them into. A chunk (8 KB in float32) meets every row block before the next is
+// read, so it comes from L1 after the first; each row's sums come out as they would alone.
+template <typename E, bool Prefetch, typename Chunk>
+void multiply(const at::Tensor& x, int64_t n, const float* bp, float* yp, Chunk chunk) {
+  static constexpr auto blocks = block_table<E, Prefetch>(std::make_integer_sequence<int, kMaxBlockRows>{});
   const int64_t M = x.size(0), K = x.size(1), P = (n + kPanel - 1) / kPanel;
   const auto* xp = reinterpret_cast<const typename E::T*>(x.data_ptr());
-  const auto* wp = reinterpret_cast<const typename E::T*>(panels.data_ptr());
   // Row blocks of equal size (16 rows: 8 + 8, not 12 + 4): a thin block does few FMAs per load.
   const int64_t nblocks = (M + kMaxBlockRows - 1) / kMaxBlockRows;
   const int64_t block_rows = (M + nblocks - 1) / nblocks;
   at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) typename E::T buffer[kChunk * kPanel];  // this thread's decoded chunk, if any
     for (int64_t p = begin; p < end; ++p) {
       const int64_t col = p * kPanel, cols = std::min(kPanel, n - col);
-      // A chunk of the panel (8 KB in float32) meets every row block before the next is read, so
-      // it comes from L1 after the first; each row's sums come out as they would alone.
-      for (int64_t k0 = 0; k0 < K; k0 += kChunk)
+      for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+        const int64_t kn = std::min(kChunk, K - k0);
+        const typename E::T* w = chunk(p, k0, kn, buffer);
         for (int64_t row = 0; row < M; row += block_rows) {
           const int64_t rows = std::min(block_rows, M - row);
-          blocks[rows - 1](xp + row * K, K, k0, wp + p * K * kPanel, bp ? bp + col : nullptr, yp + row * n + col, n,
+          blocks[rows - 1](xp + row * K + k0, K, kn, w, k0 == 0, bp ? bp + col : nullptr, yp + row * n + col, n,
                            cols, row / block_rows, nblocks);
         }
+      }
     }
   });
+}
+
+// Weights stored as block codes: each column's weights, in blocks of 32 k terms, are exactly
+// d * q + m (GGUF's Q4_1: q in 0..15, d and m float16) or d * q (Q8_0: q in -128..127), the values
+// a GGUF file's float32 conversion holds. Decoding gives those float32 values bit for bit (d * q is
+// exact in float32, so one rounding of + m either way), at 0.625 or 1.125 bytes a weight rather than
+// 4: a one-row product then streams a sixth of the bytes. Panel p's codes are [K, 16] bytes (byte j:
+// column j in the low nibble, column j + 16 in the high one) or [K, 32] int8; its scales
+// [K / 32, 2 or 1, 32] float16 (d, then m).
+void decode_q4_1(const uint8_t* codes, const at::Half* scales, int64_t k0, int64_t kn, float* out) {
+  for (int64_t b = k0; b < k0 + kn; b += 32) {
+    const auto* s = reinterpret_cast<const __m256i*>(scales + b / 32 * 64);
+    const __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256(s)), d1 = _mm512_cvtph_ps(_mm256_loadu_si256(s + 1));
+    const __m512 m0 = _mm512_cvtph_ps(_mm256_loadu_si256(s + 2)), m1 = _mm512_cvtph_ps(_mm256_loadu_si256(s + 3));
+    for (int64_t k = b; k < b + 32; ++k, out += kPanel) {
+      if (k % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(codes + k * 16 + kPrefetchBytes / 4), _MM_HINT_T1);
+      const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k * 16)));
+      const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(15)));
+      const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4));
+      _mm512_store_ps(out, _mm512_fmadd_ps(d0, lo, m0));
+      _mm512_store_ps(out + 16, _mm512_fmadd_ps(d1, hi, m1));
+    }
+  }
+}
+
+void decode_q8_0(const int8_t* codes, const at::Half* scales, int64_t k0, int64_t kn, float* out) {
+  for (int64_t b = k0; b < k0 + kn; b += 32) {
+    const auto* s = reinterpret_cast<const __m256i*>(scales + b / 32 * 32);
+    const __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256(s)), d1 = _mm512_cvtph_ps(_mm256_loadu_si256(s + 1));
+    for (int64_t k = b; k < b + 32; ++k, out += kPanel) {
+      if (k % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(codes + k * 32 + kPrefetchBytes / 2), _MM_HINT_T1);
+      const auto* q = reinterpret_cast<const __m128i*>(codes + k * 32);
+      _mm512_store_ps(out, _mm512_mul_ps(d0, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q)))));
+      _mm512_store_ps(out + 16, _mm512_mul_ps(d1, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1)))));
+    }
+  }
 }
 
 bool bf16_supported() {
@@ -149,6 +191,29 @@ bool bf16_supported() {
 #else
   return false;
 #endif
+}
+
+// y [M, n] float32 for x [M, K] and a bias of x's type or none: `product(x, bias, y)` fills it for
+// the rows below the row limit (the rest stay zero).
+template <typename Product>
+at::Tensor rows_within_limit(const at::Tensor& x, int64_t n, const std::optional<at::Tensor>& bias, Product product) {
+  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t rows = row_limit < 0 ? M : std::min(M, row_limit);  // the rest: zeros
+  const auto f32 = x.options().dtype(at::kFloat);
+  if (K == 0 || rows == 0 || n == 0) {  // no k chunk writes y
+    at::Tensor y = at::zeros({M, n}, f32);
+    if (bias) y.slice(0, 0, rows) += *bias;
+    return y;
+  }
+  at::Tensor y = rows < M ? at::zeros({M, n}, f32) : at::empty({M, n}, f32);
+  const std::optional<at::Tensor> b32 = bias ? std::optional<at::Tensor>(bias->to(at::kFloat)) : std::nullopt;
+  product(x.slice(0, 0, rows).contiguous(), b32 ? b32->data_ptr<float>() : nullptr, y.data_ptr<float>());
+  return y;
+}
+
+void check_bias(const char* op, const at::Tensor& x, int64_t n, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(!bias || (bias->scalar_type() == x.scalar_type() && bias->numel() == n && bias->is_contiguous()), op,
+              ": bias must be [n] of x's type");
 }
 
 // x [M, K] float32 or bfloat16, panels [ceil(n / 32), K, 32] of x's type (zero-padded past column
@@ -162,39 +227,73 @@ at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& panels, int64_t n, 
                   panels.size(1) == x.size(1) && panels.size(0) * kPanel >= n && panels.is_contiguous(),
               "small_gemm: panels must be [ceil(n / 32), K, 32] of x's type, contiguous");
   TORCH_CHECK(type == at::kFloat || x.size(1) % 2 == 0, "small_gemm: bfloat16 needs an even K");
-  TORCH_CHECK(!bias || (bias->scalar_type() == type && bias->numel() == n && bias->is_contiguous()),
-              "small_gemm: bias must be [n] of x's type");
+  check_bias("small_gemm", x, n, bias);
   TORCH_CHECK(reinterpret_cast<uintptr_t>(panels.data_ptr()) % 64 == 0, "small_gemm: panels must be 64-byte aligned");
-  const int64_t M = x.size(0), K = x.size(1);
-  const int64_t rows = row_limit < 0 ? M : std::min(M, row_limit);  // the rest: zeros
-  if (K == 0 || rows == 0 || n == 0) {  // no k chunk writes y
-    at::Tensor y = at::zeros({M, n}, x.options());
-    if (bias) y.slice(0, 0, rows) += *bias;
-    return y;
-  }
-  const at::Tensor xc = x.slice(0, 0, rows).contiguous();
-  const auto f32 = x.options().dtype(at::kFloat);
-  at::Tensor y = rows < M ? at::zeros({M, n}, f32) : at::empty({M, n}, f32);
-  const std::optional<at::Tensor> b32 = bias ? std::optional<at::Tensor>(bias->to(at::kFloat)) : std::nullopt;
-  const float* bp = b32 ? b32->data_ptr<float>() : nullptr;
+  const int64_t panel_size = x.size(1) * kPanel;
   if (type == at::kFloat) {
-    multiply<F32>(xc, panels, n, bp, y.data_ptr<float>());
-    return y;
+    const float* wp = panels.data_ptr<float>();
+    return rows_within_limit(x, n, bias, [&](const at::Tensor& xc, const float* bp, float* yp) {
+      multiply<F32, true>(xc, n, bp, yp, [&](int64_t p, int64_t k0, int64_t, float*) {
+        return wp + p * panel_size + k0 * kPanel;
+      });
+    });
   }
+  const auto* wp = reinterpret_cast<const at::BFloat16*>(panels.data_ptr());
+  return rows_within_limit(x, n, bias, [&](const at::Tensor& xc, const float* bp, float* yp) {
 #ifdef __AVX512BF16__
-  multiply<BF16>(xc, panels, n, bp, y.data_ptr<float>());
+    multiply<BF16, true>(xc, n, bp, yp, [&](int64_t p, int64_t k0, int64_t, at::BFloat16*) {
+      return wp + p * panel_size + k0 * kPanel;
+    });
 #endif
-  return y.to(at::kBFloat16);
+  }).to(at::kBFloat16);
+}
+
+// x [M, K] float32 (K a multiple of 32) times weights stored as block codes (above): codes
+// [ceil(n / 32), K, 16] uint8 (Q4_1) or [ceil(n / 32), K, 32] int8 (Q8_0), scales
+// [ceil(n / 32), K / 32, 2 or 1, 32] float16; bias [n] float32 or none. y float32.
+at::Tensor coded_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t n,
+                      const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) % 32 == 0,
+              "coded_gemm: x must be [M, K] float32 with K a multiple of 32");
+  const int64_t K = x.size(1), P = codes.size(0);
+  const bool q4 = codes.scalar_type() == at::kByte;
+  TORCH_CHECK(codes.dim() == 3 && (q4 || codes.scalar_type() == at::kChar) && codes.size(1) == K &&
+                  codes.size(2) == (q4 ? 16 : 32) && P * kPanel >= n && codes.is_contiguous(),
+              "coded_gemm: codes must be [ceil(n / 32), K, 16] uint8 or [ceil(n / 32), K, 32] int8, contiguous");
+  TORCH_CHECK(scales.dim() == 4 && scales.scalar_type() == at::kHalf && scales.size(0) == P &&
+                  scales.size(1) == K / 32 && scales.size(2) == (q4 ? 2 : 1) && scales.size(3) == kPanel &&
+                  scales.is_contiguous(),
+              "coded_gemm: scales must be [ceil(n / 32), K / 32, 2 (Q4_1) or 1 (Q8_0), 32] float16, contiguous");
+  check_bias("coded_gemm", x, n, bias);
+  const auto* sp = scales.data_ptr<at::Half>();
+  const int64_t scale_size = K / 32 * scales.size(2) * kPanel;
+  return rows_within_limit(x, n, bias, [&](const at::Tensor& xc, const float* bp, float* yp) {
+    if (q4) {
+      const uint8_t* cp = codes.data_ptr<uint8_t>();
+      multiply<F32, false>(xc, n, bp, yp, [&](int64_t p, int64_t k0, int64_t kn, float* buffer) {
+        decode_q4_1(cp + p * K * 16, sp + p * scale_size, k0, kn, buffer);
+        return static_cast<const float*>(buffer);
+      });
+    } else {
+      const int8_t* cp = codes.data_ptr<int8_t>();
+      multiply<F32, false>(xc, n, bp, yp, [&](int64_t p, int64_t k0, int64_t kn, float* buffer) {
+        decode_q8_0(cp + p * K * 32, sp + p * scale_size, k0, kn, buffer);
+        return static_cast<const float*>(buffer);
+      });
+    }
+  });
 }
 
 }  // namespace
 
 TORCH_LIBRARY(minedraft_kernels, m) {
   m.def("small_gemm(Tensor x, Tensor panels, int n, Tensor? bias) -> Tensor");
+  m.def("coded_gemm(Tensor x, Tensor codes, Tensor scales, int n, Tensor? bias) -> Tensor");
   m.def("bf16_supported() -> bool", &bf16_supported);
   m.def("set_row_limit(int limit) -> ()", &set_row_limit);
 }
 
 TORCH_LIBRARY_IMPL(minedraft_kernels, CPU, m) {
   m.impl("small_gemm", &small_gemm);
+  m.impl("coded_gemm", &coded_gemm);
 }

@@ -6,6 +6,12 @@ SmolLM2's shapes, docs/BENCHMARKS.md, issue 15). `small_gemm.cpp` multiplies eve
 panel of W before reading the next, in float32, and in bfloat16 where the CPU has AVX512-BF16
 (float32 sums, rounded once). `MINEDRAFT_SMALL_GEMM=0` turns it off; where the kernels cannot be
 built (`kernels.build`) the models keep their other paths.
+
+Float32 weights that a GGUF file's quantization produced (the bundled SmolLM2's: Q4_1 layers, a
+Q8_0 embedding) are exactly d * q + m in blocks of 32, with float16 d and m and small integers q.
+`pack` finds those codes (`block_codes`) and the kernel then decodes each panel chunk into L1
+(`coded_gemm`): the same float32 weights bit for bit and the same float32 products, from 0.625 or
+1.125 bytes a weight instead of 4. `MINEDRAFT_BLOCK_CODES=0` keeps the float32 panels.
 """
 
 import ctypes
@@ -40,25 +46,52 @@ MAX_ROWS_BF16_AMX = 4
 # step time) and lose from two (0.96x), far at four (0.69x: a 4-token step 62 -> 42 ms on the Xeon,
 # docs/BENCHMARKS.md), so graphs call the kernel from 2 rows on.
 GRAPH_MIN_ROWS = 2
+# Block codes cost a sixth of the float32 bytes but work to decode, paid again for every row block:
+# over the bundled model's 121 products they took 0.51x the float32 panels' time at 1 row, 0.62x at
+# 2, 0.81-0.94x at 3-5 and 1.1-1.2x at 6-8 on a 33 GB/s Xeon core (`scripts/coded_gemm_probe.py`,
+# docs/BENCHMARKS.md, 2026-12-04). More rows read the float32 panels.
+CODED_MAX_ROWS = 5
 
 MADV_HUGEPAGE = 14  # Linux's madvise advice
 
 _state: dict[str, bool] = {}  # "ok": usable; missing: not asked yet
 
 
+class Codes(NamedTuple):
+    """A weight's block codes in the kernel's layout (`block_codes`)."""
+    codes: torch.Tensor
+    scales: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.numel() * self.codes.element_size() + self.scales.numel() * self.scales.element_size()
+
+
 class Packed(NamedTuple):
-    """A weight in the kernel's layout, [ceil(N / 32), K, 32] (zero-padded past column N), and the
-    dense [K, N] weight it came from (the same tensor, not a copy), which other inputs multiply."""
+    """A weight in the kernel's layout, [ceil(N / 32), K, 32] (zero-padded past column N), the
+    dense [K, N] weight it came from (the same tensor, not a copy), which other inputs multiply,
+    and its block codes where it has them, which products of up to CODED_MAX_ROWS rows read."""
     panels: torch.Tensor
     dense: torch.Tensor
+    codes: Codes | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a one-row product streams."""
+        return self.codes.nbytes if self.codes is not None else self.panels.numel() * self.panels.element_size()
 
 
 def enabled() -> bool:
     return os.environ.get("MINEDRAFT_SMALL_GEMM", "1") != "0"
 
 
-def _shape_of_product(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty(x.shape[0], n)
+def codes_enabled() -> bool:
+    return os.environ.get("MINEDRAFT_BLOCK_CODES", "1") != "0"
+
+
+def _shape_of_product(x: torch.Tensor, *weights_n_bias) -> torch.Tensor:
+    """(x, panels, n, bias) or (x, codes, scales, n, bias): [rows of x, n]."""
+    return x.new_empty(x.shape[0], weights_n_bias[-2])
 
 
 def build() -> bool:
@@ -71,7 +104,8 @@ def build() -> bool:
     elif kernels.build():
         # The output's shape without running it: what lets Dynamo trace the op into a compiled
         # graph, where Inductor calls it as an external kernel and fuses the element-wise work.
-        torch.library.register_fake("minedraft_kernels::small_gemm", _shape_of_product)
+        for op in ("small_gemm", "coded_gemm"):
+            torch.library.register_fake(f"minedraft_kernels::{op}", _shape_of_product)
         ok = True
     _state["ok"] = ok
     return ok
@@ -87,11 +121,12 @@ def _has_amx() -> bool:
     return getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
 
 
-def applies(rows: int, dtype: torch.dtype, compiling: bool) -> bool:
+def applies(rows: int, dtype: torch.dtype, compiling: bool, coded: bool = False) -> bool:
     """Whether a product of `rows` rows of `dtype` goes through the kernel: in a compiled graph from
     GRAPH_MIN_ROWS (Inductor's own bfloat16 products are slower still above 4 rows), eagerly from
-    one row, up to MAX_ROWS, or MAX_ROWS_BF16_AMX for bfloat16 where oneDNN has AMX."""
-    if compiling:
+    one row, up to MAX_ROWS, or MAX_ROWS_BF16_AMX for bfloat16 where oneDNN has AMX. Block-coded
+    weights from one row everywhere: anything else would stream the float32 weights."""
+    if compiling and not coded:
         return GRAPH_MIN_ROWS <= rows <= MAX_ROWS
     return 1 <= rows <= (MAX_ROWS_BF16_AMX if dtype == torch.bfloat16 and _has_amx() else MAX_ROWS)
 
@@ -112,6 +147,14 @@ def pack(weight: torch.Tensor, out: torch.Tensor | None = None) -> Packed | None
     operand layout of the CPU's bfloat16 dot product."""
     if not packable(weight):
         return None
+    return _panels(weight, out)._replace(codes=_codes(weight))
+
+
+def _codes(weight: torch.Tensor) -> Codes | None:
+    return block_codes(weight) if weight.dtype == torch.float32 and codes_enabled() else None
+
+
+def _panels(weight: torch.Tensor, out: torch.Tensor | None) -> Packed:
     K, N = weight.shape
     padded = F.pad(weight.detach(), (0, -N % PANEL))
     P = padded.shape[1] // PANEL
@@ -130,13 +173,14 @@ def pack_in_order(weights: list[torch.Tensor]) -> list[Packed | None]:
     ones: 0.986-0.987x the time of a one-row pass over the products, 0.975-0.977x where the buffer
     also got huge pages (`scripts/panel_layout_probe.py`, docs/BENCHMARKS.md, 2026-12-03)."""
     # Panels hold ceil(N / 32) * 32 * K elements, a multiple of 32: each stays 64-byte aligned.
+    # Block codes, where a weight has them, lie apart.
     sizes = [-(-w.shape[1] // PANEL) * PANEL * w.shape[0] if packable(w) else 0 for w in weights]
     packs: list[Packed | None] = [None] * len(weights)
     for dtype in {w.dtype for n, w in zip(sizes, weights) if n}:
         mine = [i for i, w in enumerate(weights) if sizes[i] and w.dtype == dtype]
         buffer = _huge_page_buffer(sum(sizes[i] for i in mine), dtype)
         for i, start in zip(mine, itertools.accumulate((sizes[i] for i in mine), initial=0)):
-            packs[i] = pack(weights[i], buffer[start : start + sizes[i]])
+            packs[i] = _panels(weights[i], buffer[start : start + sizes[i]])._replace(codes=_codes(weights[i]))
     return packs
 
 
@@ -175,9 +219,84 @@ def padding_after(rows: int) -> Iterator[None]:
 
 
 def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] @ W + bias through the kernel for 1..MAX_ROWS rows of the packed dtype, else
-    `x @ dense`."""
-    if x.dtype != packed.panels.dtype or not 0 < x.shape[0] <= MAX_ROWS:
+    """x [M, K] @ W + bias through the kernel for 1..MAX_ROWS rows of the packed dtype (from the
+    block codes up to CODED_MAX_ROWS rows), else `x @ dense`."""
+    if x.dtype != packed.dense.dtype or not 0 < x.shape[0] <= MAX_ROWS:
         y = x @ packed.dense
         return y if bias is None else y + bias
+    if packed.codes is not None and x.shape[0] <= CODED_MAX_ROWS:
+        return torch.ops.minedraft_kernels.coded_gemm(x, *packed.codes, packed.dense.shape[1], bias)
     return torch.ops.minedraft_kernels.small_gemm(x, packed.panels, packed.dense.shape[1], bias)
+
+
+def block_codes(weight: torch.Tensor) -> Codes | None:
+    """`weight` ([K, N] float32) as the kernel's block codes where every value is exactly one of
+    GGUF's: per column, in blocks of 32 k terms, d * q + m with float16 d, m and q in 0..15 (Q4_1),
+    or d * q with q in -128..127 (Q8_0). Returns (codes, scales), [P, K, 16] uint8 or [P, K, 32]
+    int8 and [P, K / 32, 2 or 1, 32] float16 (small_gemm.cpp); None where any value is not, which a
+    sample of columns tells at once for weights that were never quantized."""
+    K, N = weight.shape
+    if K % 32 or N == 0:
+        return None
+    sample = weight[:, :PANEL]
+    for levels in (16, 256):
+        if _fit(sample, levels) is not None and (fit := _fit(weight, levels)) is not None:
+            return Codes(*_layout(*fit, levels))
+    return None
+
+
+def _fit(weight: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    """(q [N, K], d [N, K / 32], m [N, K / 32] or None) with d * q + m == weight.T exactly, in
+    float32 as the kernel decodes (d * q is exact there): Q4_1 for 16 levels, Q8_0 for 256."""
+    blocks = weight.t().reshape(-1, 32)
+    if levels == 16:  # the smallest value of a block is m (q = 0); the largest is near d * 15 + m
+        low = blocks.amin(-1, keepdim=True)
+        if not torch.equal(low.half().float(), low):
+            return None
+        step, top, bottom = (blocks.amax(-1, keepdim=True) - low) / 15, 15, 0
+    else:  # the value of largest magnitude is d * +-127 (llama.cpp never writes -128)
+        low, step, top, bottom = None, blocks.abs().amax(-1, keepdim=True) / 127, 127, -128
+    # The float16 d nearest the estimate, else a neighbour for the blocks it misses (the estimate
+    # was itself rounded).
+    d = step.half()
+    shifted = blocks if low is None else blocks - low
+    q = _codes_for(shifted, d, bottom, top)
+    missed = (~_exact(blocks, d, q, low)).nonzero()[:, 0].unique()
+    for nudge in (1, -1):
+        if len(missed) == 0:
+            break
+        d_try = (d[missed].view(torch.int16) + nudge).clamp(min=0).view(torch.float16)
+        q_try = _codes_for(shifted[missed], d_try, bottom, top)
+        hit = _exact(blocks[missed], d_try, q_try, None if low is None else low[missed]).all(-1)
+        d[missed[hit]], q[missed[hit]] = d_try[hit], q_try[hit]
+        missed = missed[~hit]
+    if len(missed):
+        return None
+    n = weight.shape[1]
+    return q.reshape(n, -1), d.float().reshape(n, -1), None if low is None else low.reshape(n, -1)
+
+
+def _codes_for(shifted: torch.Tensor, d: torch.Tensor, bottom: int, top: int) -> torch.Tensor:
+    """The nearest q per value of a block less its m (zero d: q = 0)."""
+    return (shifted / d.float()).nan_to_num_(0).round_().clamp_(bottom, top)
+
+
+def _exact(blocks: torch.Tensor, d: torch.Tensor, q: torch.Tensor, low: torch.Tensor | None) -> torch.Tensor:
+    """Per value: does d * q (+ m) give it back bit for bit, as the kernel computes it?"""
+    value = d.float() * q
+    return value == blocks if low is None else value + low == blocks
+
+
+def _layout(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's layout of a fit: per panel of 32 columns, codes k-major and scales per block."""
+    N, K = q.shape
+    pad = -N % PANEL
+    P = (N + pad) // PANEL
+    q = F.pad(q, (0, 0, 0, pad)).view(P, PANEL, K).transpose(1, 2)  # [P, K, 32]
+    if levels == 16:  # byte j: column j's code low, column j + 16's high
+        u = q.to(torch.uint8)
+        codes = (u[..., :16] | (u[..., 16:] << 4)).contiguous()
+    else:
+        codes = q.to(torch.int8).contiguous()
+    scales = [F.pad(s, (0, 0, 0, pad)).view(P, PANEL, K // 32).transpose(1, 2) for s in (d, m) if s is not None]
+    return codes, torch.stack(scales, dim=2).half().contiguous()

@@ -118,7 +118,7 @@ class Linear(nn.Module):
         # multiply slowly (more than 1 row), as an external call; its panels are plain tensors, so
         # frozen graphs stay cacheable on disk.
         compiling = torch.compiler.is_compiling()
-        if self.small is not None and small_gemm.applies(rows, x.dtype, compiling):
+        if self.small is not None and small_gemm.applies(rows, x.dtype, compiling, self.small.codes is not None):
             y = small_gemm.linear(x.reshape(rows, x.shape[-1]), self.small, self.bias)
             return y.view(*x.shape[:-1], y.shape[-1])
         # Otherwise a compiled graph multiplies the dense copy with its own kernels (oneDNN's packed
@@ -144,8 +144,11 @@ class Linear(nn.Module):
     @property
     def nbytes(self) -> int:
         """Bytes of the copy a one-row product reads."""
+        bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
+        if self.small is not None and self.small.codes is not None:
+            return self.small.nbytes + bias
         w = self.weight if self.weight is not None else self.packed
-        return w.numel() * w.element_size() + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
+        return w.numel() * w.element_size() + bias
 
 
 class Attention(nn.Module):

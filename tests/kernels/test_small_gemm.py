@@ -297,3 +297,167 @@ def test_compiled_graphs_call_the_kernel_from_two_rows(tiny_llama):
         # Every linear (qkv, o, gate_up, down per layer, and the head) in the 4- and 8-token graphs.
         assert calls[8] == calls[4] == 4 * runner.model.args.num_layers + 1
         assert calls[1] == 0
+
+
+def gguf_dequantized(w: torch.Tensor, kind: str) -> torch.Tensor:
+    """`w` ([K, N]) quantized per column in blocks of 32 k terms as llama.cpp's Q4_1 / Q8_0 do it,
+    then dequantized to float32: what a GGUF file's float32 conversion holds."""
+    K, N = w.shape
+    blocks = w.t().reshape(N, K // 32, 32).float()
+    if kind == "q4_1":
+        low, high = blocks.amin(-1, keepdim=True), blocks.amax(-1, keepdim=True)
+        d = (high - low) / 15
+        q = ((blocks - low) * torch.where(d > 0, 1 / d, 0) + 0.5).floor().clamp(0, 15)
+        out = d.half().float() * q + low.half().float()
+    else:
+        d = blocks.abs().amax(-1, keepdim=True) / 127
+        q = (blocks * torch.where(d > 0, 1 / d, 0)).round()
+        out = d.half().float() * q
+    return out.reshape(N, K).t().contiguous()
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("k,n", [(32, 1), (64, 97), (576, 960), (1536, 65)])
+def test_block_coded_weights_give_the_float32_products_bit_for_bit(kind, k, n):
+    """A weight a GGUF quantization produced is found as block codes (a third of the bytes or
+    less) and multiplies to the very bits the float32 panels give (the decoded weights are the
+    same values, summed in the same order); one-hot rows give the weights back exactly."""
+    torch.manual_seed(k + n)
+    w = gguf_dequantized(torch.randn(k, n) * 0.1 + 0.02, kind)
+    if n > 1:  # (a weight of zeros alone is Q4_1 too)
+        w[:32, 0] = 0  # a constant block: d = 0
+    packed = small_gemm.pack(w)
+    assert packed.codes.codes.dtype == (torch.uint8 if kind == "q4_1" else torch.int8)
+    assert packed.nbytes <= 0.3 * packed.panels.numel() * 4
+
+    def coded(x, bias=None):
+        return torch.ops.minedraft_kernels.coded_gemm(x, *packed.codes, n, bias)
+
+    for start in range(0, k, small_gemm.MAX_ROWS):
+        assert torch.equal(coded(torch.eye(k)[start : start + small_gemm.MAX_ROWS]), w[start : start + small_gemm.MAX_ROWS])
+    b = torch.randn(n)
+    for m in (1, 5, 13, 96):
+        x = torch.randn(m, k)
+        got = coded(x, b)
+        assert torch.equal(got, torch.ops.minedraft_kernels.small_gemm(x, packed.panels, n, b))
+        torch.testing.assert_close(got.double(), x.double() @ w.double() + b.double(), rtol=1e-5, atol=1e-5 * k ** 0.5)
+        with small_gemm.padding_after(3):
+            limited = coded(x, b)
+        assert torch.equal(limited[:3], got[:3]) and not limited[3:].any()
+
+
+@needs_kernel
+def test_products_of_a_few_rows_read_the_codes(monkeypatch):
+    """Up to CODED_MAX_ROWS rows the product decodes the codes; more read the float32 panels."""
+    packed = small_gemm.pack(gguf_dequantized(torch.randn(64, 40), "q4_1"))
+    called = []
+    for op in ("coded_gemm", "small_gemm"):
+        real = getattr(torch.ops.minedraft_kernels, op)
+        monkeypatch.setattr(torch.ops.minedraft_kernels, op, lambda *a, op=op, real=real: called.append(op) or real(*a))
+    for m in range(1, small_gemm.MAX_ROWS + 1):
+        small_gemm.linear(torch.randn(m, 64), packed)
+    most = small_gemm.CODED_MAX_ROWS
+    assert called == ["coded_gemm"] * most + ["small_gemm"] * (small_gemm.MAX_ROWS - most)
+
+
+@needs_kernel
+def test_weights_that_are_not_block_codes_keep_their_panels(monkeypatch):
+    """Codes are taken only where every value is exactly one: not for trained weights, not for a
+    quantized weight with one value one ulp off or a block minimum that is no float16, not where
+    K is no multiple of 32, and not when switched off."""
+    torch.manual_seed(0)
+    assert small_gemm.pack(torch.randn(64, 40)).codes is None
+    w = gguf_dequantized(torch.randn(64, 40), "q4_1")
+    assert small_gemm.pack(w).codes is not None
+    nudged = w.clone()
+    nudged[40, 39] = torch.nextafter(nudged[40, 39], torch.tensor(1.0))
+    assert small_gemm.pack(nudged).codes is None
+    shifted = w.clone()
+    shifted[32:, 7] += 1e-4  # every value of a block, its minimum too
+    assert small_gemm.pack(shifted).codes is None
+    assert small_gemm.pack(gguf_dequantized(torch.randn(96, 40), "q8_0")[:80]).codes is None
+    monkeypatch.setenv("MINEDRAFT_BLOCK_CODES", "0")
+    assert small_gemm.pack(w).codes is None
+
+
+def test_block_coded_products_run_from_one_row_in_graphs_too():
+    """Coded weights go through the kernel from one row, compiled or not: anything else would
+    stream the float32 weights."""
+    most = small_gemm.MAX_ROWS
+    for compiling in (False, True):
+        rows = [m for m in range(0, most + 5) if small_gemm.applies(m, torch.float32, compiling, coded=True)]
+        assert rows == list(range(1, most + 1))
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf_llama(tmp_path_factory, tiny_llama):
+    """The tiny model with its linear weights as a GGUF Q4_1 file would give them, its embedding
+    (the untied LM head's too) as Q8_0's."""
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path_factory.mktemp("tiny_gguf_llama")
+    for f in tiny_llama.iterdir():
+        if f.suffix != ".safetensors":
+            (out / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(tiny_llama / "model.safetensors")
+    for name, t in tensors.items():
+        if t.dim() == 2:
+            kind = "q8_0" if "embed" in name or "lm_head" in name else "q4_1"
+            tensors[name] = gguf_dequantized(t.t(), kind).t().double().contiguous()
+    save_file(tensors, out / "model.safetensors")
+    return out
+
+
+@needs_kernel
+def test_a_gguf_models_greedy_output_is_the_float32_panels(tiny_gguf_llama, tiny_draft, monkeypatch):
+    """A model whose weights are GGUF codes streams them (every linear coded) and generates what
+    the same model with float32 panels generates, autoregressively and verifying 5 tokens."""
+    prompts = [{"prompt_token_ids": p} for p in ([5, 17, 3, 44, 9, 2, 61], [8], [90, 12, 33] * 4)]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (19, 30, 11)]
+    spec = {"model": str(tiny_draft), "num_speculative_tokens": 4}
+
+    def outputs(**extra):
+        llm = LLM(str(tiny_gguf_llama), dtype="float32", max_num_seqs=4, max_model_len=96, **extra)
+        linears = [m for m in llm.engine.runner.model.modules() if isinstance(m, Linear)]
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)], linears
+
+    coded, linears = outputs()
+    assert all(m.small.codes is not None for m in linears)
+    assert outputs(speculative_config=spec)[0] == coded
+    monkeypatch.setenv("MINEDRAFT_BLOCK_CODES", "0")
+    plain, linears = outputs()
+    assert all(m.small.codes is None for m in linears)
+    assert plain == coded
+
+
+@needs_kernel
+def test_compiled_graphs_call_the_coded_kernel_from_one_row(tiny_gguf_llama):
+    """A one-token graph multiplies coded weights through the kernel (not Inductor's templates
+    over the float32 copy) and gives the eager path's logits."""
+    with LLM(str(tiny_gguf_llama), dtype="float32", max_num_seqs=2, max_model_len=64, compile_sizes=[1]) as llm:
+        runner = llm.engine.runner
+        slot = runner.cache.allocate()
+        runner.forward([Row(slot, list(range(3, 13)))])
+        runner.forward([Row(slot, [6], 1)])  # builds the graph
+        runner.cache.truncate(slot, 10)
+        with torch.profiler.profile() as prof:
+            logits = runner.forward([Row(slot, [6], 1)])
+        runner.cache.truncate(slot, 10)
+        assert runner.compiled.size_for(1) == 1 and not runner.compiled.failed
+        assert sum(e.name == "minedraft_kernels::coded_gemm" for e in prof.events()) == \
+            4 * runner.model.args.num_layers + 1
+        runner.compiled.failed = True
+        eager = runner.forward([Row(slot, [6], 1)])
+        torch.testing.assert_close(logits, eager, rtol=1e-5, atol=1e-5)
+
+
+def test_the_bundled_models_weights_stream_as_codes(smollm2):
+    """SmolLM2-135M-Instruct's GGUF file is Q4_1 with a Q8_0 embedding: all 121 products stream
+    block codes, under a fifth of the float32 bytes."""
+    if not small_gemm.build():
+        pytest.skip("small-row GEMM kernel not built on this machine")
+    linears = [m for m in smollm2.engine.runner.model.modules() if isinstance(m, Linear)]
+    kinds = [m.small.codes.codes.dtype for m in linears if m.small is not None and m.small.codes is not None]
+    assert kinds == [torch.uint8] * 120 + [torch.int8]
+    assert sum(m.nbytes for m in linears) < 0.2 * sum(m.weight.numel() * 4 for m in linears)
