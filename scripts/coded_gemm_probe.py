@@ -23,7 +23,7 @@ def main(rows: tuple[int, ...] = ROWS) -> None:
     model = load_model(resolve_model(None), torch.float32, torch.device("cpu"))
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     coded = [m.small for m in linears]
-    assert all(p is not None and p.scales is not None for p in coded), "the bundled weights were not found as codes"
+    assert all(p is not None and p.codes is not None for p in coded), "the bundled weights were not found as codes"
     panels = [small_gemm._panels(p.dense, None) for p in coded]
     print(f"read bandwidth {streaming_bandwidth(torch.device('cpu'), 1 << 30) / 1e9:.1f} GB/s; "
           f"codes {sum(p.nbytes for p in coded) / 1e6:.0f} MB, float32 panels {sum(p.nbytes for p in panels) / 1e6:.0f} MB")

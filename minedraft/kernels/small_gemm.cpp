@@ -63,21 +63,35 @@ struct BF16 {
 };
 #endif
 
-// Rows x[0..R) against k terms [0, kn) of one panel chunk w ([kn, 32]; kn <= kChunk, x and w
-// start at the chunk's first term): 2R float32 accumulators, each weight vector loaded once per k
-// step, their sums added to y (float32, in L1; to the bias first, at the panel's first chunk).
-// Summing K in chunks: with one running sum over all of K, SmolLM2's float32 logits were 1.4e-4
-// off float64's (oneDNN / MKL: 6e-5); in chunks, 3.4e-5. Chunks read from the packed panels ask
-// for the weights ahead (`Prefetch`); there the row blocks of a chunk share the asking: block
+// Where a row block's weights come from, k step by k step (a chunk of one panel, its first term
+// at k = 0): `load(k, w0, w1)` gives the chunk's 32 columns at k step k as two vectors, `prefetch(k)`
+// asks for the bytes kPrefetchBytes of float32 weights ahead. Packed panels: [kn, 32] of E::T
+// ([kn / 2, 32, 2] in bfloat16), contiguous, so the asking runs on into the next panels.
+template <typename E>
+struct Panels {
+  const typename E::T* w;
+  void prefetch(int64_t k) const {
+    constexpr int64_t ahead = kPrefetchBytes / sizeof(typename E::T);
+    _mm_prefetch(reinterpret_cast<const char*>(w + k * kPanel + ahead), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(w + k * kPanel + ahead + 16 * E::kTerms), _MM_HINT_T1);
+  }
+  void load(int64_t k, __m512& w0, __m512& w1) const {
+    w0 = _mm512_load_ps(reinterpret_cast<const float*>(w + k * kPanel));
+    w1 = _mm512_load_ps(reinterpret_cast<const float*>(w + k * kPanel + 16 * E::kTerms));
+  }
+};
+
+// Rows x[0..R) against k terms [0, kn) of one panel chunk (kn <= kChunk, x starting at the chunk's
+// first term): 2R float32 accumulators, each weight vector got once per k step, their sums added to
+// y (float32, in L1; to the bias first, at the panel's first chunk). Summing K in chunks: with one
+// running sum over all of K, SmolLM2's float32 logits were 1.4e-4 off float64's (oneDNN / MKL:
+// 6e-5); in chunks, 3.4e-5. The row blocks of a chunk share the asking ahead: block
 // `prefetch_phase` of `prefetch_every` asks at that block's turn of the k steps. With the first
 // block asking for all of it, products of 16 to 64 rows took 1.1-1.2x as long
 // (docs/BENCHMARKS.md): its requests came in bursts, idle while the other blocks ran.
-template <typename E, bool Prefetch, int R>
-void panel_block(const typename E::T* x, int64_t ldx, int64_t kn, const typename E::T* w, bool first,
-                 const float* bias, float* y, int64_t ldy, int64_t cols, int64_t prefetch_phase,
-                 int64_t prefetch_every) {
-  constexpr int64_t step = E::kTerms, second = 16 * E::kTerms;  // per k step; the second vector's offset
-  constexpr int64_t ahead = kPrefetchBytes / sizeof(typename E::T);
+template <typename E, typename Source, int R>
+void panel_block(const typename E::T* x, int64_t ldx, int64_t kn, Source w, bool first, const float* bias, float* y,
+                 int64_t ldy, int64_t cols, int64_t prefetch_phase, int64_t prefetch_every) {
   const __mmask16 m0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
   const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
   __m512 a0[R], a1[R];
@@ -86,16 +100,15 @@ void panel_block(const typename E::T* x, int64_t ldx, int64_t kn, const typename
     a1[r] = _mm512_setzero_ps();
   }
   int64_t turn = prefetch_phase;
-  for (int64_t k = 0; k < kn; k += step, w += kPanel * step) {  // k step k / step, 32 lanes of `step` terms
-    // The packed panels are contiguous: this runs on into the next ones. (The first test keeps the
-    // counter out of a lone block's loop: with it, 5-row products took 4% longer.)
-    if (Prefetch && (prefetch_every == 1 || turn-- == 0)) {
+  for (int64_t k = 0; k < kn; k += E::kTerms) {
+    // (The first test keeps the counter out of a lone block's loop: with it, 5-row products took 4%
+    // longer.)
+    if (prefetch_every == 1 || turn-- == 0) {
       turn = prefetch_every - 1;
-      _mm_prefetch(reinterpret_cast<const char*>(w + ahead), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(w + ahead + second), _MM_HINT_T1);
+      w.prefetch(k);
     }
-    const __m512 w0 = _mm512_load_ps(reinterpret_cast<const float*>(w));
-    const __m512 w1 = _mm512_load_ps(reinterpret_cast<const float*>(w + second));
+    __m512 w0, w1;
+    w.load(k, w0, w1);
     for (int r = 0; r < R; ++r) {
       const __m512 xr = E::broadcast(x + r * ldx + k);
       a0[r] = E::madd(a0[r], xr, w0);
@@ -111,34 +124,34 @@ void panel_block(const typename E::T* x, int64_t ldx, int64_t kn, const typename
   }
 }
 
-template <typename E>
-using BlockFn = void (*)(const typename E::T*, int64_t, int64_t, const typename E::T*, bool, const float*, float*,
-                         int64_t, int64_t, int64_t, int64_t);
+template <typename E, typename Source>
+using BlockFn = void (*)(const typename E::T*, int64_t, int64_t, Source, bool, const float*, float*, int64_t, int64_t,
+                         int64_t, int64_t);
 
-template <typename E, bool Prefetch, int... Rs>
+template <typename E, typename Source, int... Rs>
 constexpr auto block_table(std::integer_sequence<int, Rs...>) {
-  return std::array<BlockFn<E>, sizeof...(Rs)>{panel_block<E, Prefetch, Rs + 1>...};
+  return std::array<BlockFn<E, Source>, sizeof...(Rs)>{panel_block<E, Source, Rs + 1>...};
 }
 
-// y [M, n] = x [M, K] (contiguous) times the panels, chunk after chunk: `chunk(p, k0, kn)` gives
-// panel p's terms [k0, k0 + kn) as [kn, 32] weights (E::T), the packed panels themselves or a
-// buffer it decoded them into. A chunk (8 KB in float32) meets every row block before the next is
-// read, so it comes from L1 after the first; each row's sums come out as they would alone.
-template <typename E, bool Prefetch, typename Chunk>
+// y [M, n] = x [M, K] (contiguous) times the panels, chunk after chunk: `chunk(p, k0)` gives the
+// source (above) of panel p's terms from k0 on, the packed panels themselves or codes it decodes.
+// A chunk (8 KB of float32 panels) meets every row block before the next is read, so it comes from
+// L1 after the first; each row's sums come out as they would alone.
+template <typename E, typename Chunk>
 void multiply(const at::Tensor& x, int64_t n, const float* bp, float* yp, Chunk chunk) {
-  static constexpr auto blocks = block_table<E, Prefetch>(std::make_integer_sequence<int, kMaxBlockRows>{});
+  using Source = decltype(chunk(int64_t{0}, int64_t{0}));
+  static constexpr auto blocks = block_table<E, Source>(std::make_integer_sequence<int, kMaxBlockRows>{});
   const int64_t M = x.size(0), K = x.size(1), P = (n + kPanel - 1) / kPanel;
   const auto* xp = reinterpret_cast<const typename E::T*>(x.data_ptr());
   // Row blocks of equal size (16 rows: 8 + 8, not 12 + 4): a thin block does few FMAs per load.
   const int64_t nblocks = (M + kMaxBlockRows - 1) / kMaxBlockRows;
   const int64_t block_rows = (M + nblocks - 1) / nblocks;
   at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
-    alignas(64) typename E::T buffer[kChunk * kPanel];  // this thread's decoded chunk, if any
     for (int64_t p = begin; p < end; ++p) {
       const int64_t col = p * kPanel, cols = std::min(kPanel, n - col);
       for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
         const int64_t kn = std::min(kChunk, K - k0);
-        const typename E::T* w = chunk(p, k0, kn, buffer);
+        const Source w = chunk(p, k0);
         for (int64_t row = 0; row < M; row += block_rows) {
           const int64_t rows = std::min(block_rows, M - row);
           blocks[rows - 1](xp + row * K + k0, K, kn, w, k0 == 0, bp ? bp + col : nullptr, yp + row * n + col, n,
@@ -155,35 +168,47 @@ void multiply(const at::Tensor& x, int64_t n, const float* bp, float* yp, Chunk 
 // exact in float32, so one rounding of + m either way), at 0.625 or 1.125 bytes a weight rather than
 // 4: a one-row product then streams a sixth of the bytes. Panel p's codes are [K, 16] bytes (byte j:
 // column j in the low nibble, column j + 16 in the high one) or [K, 32] int8; its scales
-// [K / 32, 2 or 1, 32] float16 (d, then m).
-void decode_q4_1(const uint8_t* codes, const at::Half* scales, int64_t k0, int64_t kn, float* out) {
-  for (int64_t b = k0; b < k0 + kn; b += 32) {
-    const auto* s = reinterpret_cast<const __m256i*>(scales + b / 32 * 64);
-    const __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256(s)), d1 = _mm512_cvtph_ps(_mm256_loadu_si256(s + 1));
-    const __m512 m0 = _mm512_cvtph_ps(_mm256_loadu_si256(s + 2)), m1 = _mm512_cvtph_ps(_mm256_loadu_si256(s + 3));
-    for (int64_t k = b; k < b + 32; ++k, out += kPanel) {
-      if (k % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(codes + k * 16 + kPrefetchBytes / 4), _MM_HINT_T1);
-      const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k * 16)));
-      const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(15)));
-      const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4));
-      _mm512_store_ps(out, _mm512_fmadd_ps(d0, lo, m0));
-      _mm512_store_ps(out + 16, _mm512_fmadd_ps(d1, hi, m1));
-    }
+// [K / 32, 2 or 1, 32] float16 (d, then m). These sources decode a chunk's weights in registers, k
+// step by k step, as the FMAs take them (kChunk is a whole number of blocks: a chunk starts on one).
+struct Q4_1 {
+  const uint8_t* codes;    // the chunk's first term's
+  const at::Half* scales;  // its first block's
+  __m512 d0, d1, m0, m1;   // the block's
+  void prefetch(int64_t k) const {
+    if (k % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(codes + k * 16 + kPrefetchBytes / 4), _MM_HINT_T1);
   }
-}
+  void load(int64_t k, __m512& w0, __m512& w1) {
+    if (k % 32 == 0) {
+      const auto* s = reinterpret_cast<const __m256i*>(scales + k / 32 * 64);
+      d0 = _mm512_cvtph_ps(_mm256_loadu_si256(s));
+      d1 = _mm512_cvtph_ps(_mm256_loadu_si256(s + 1));
+      m0 = _mm512_cvtph_ps(_mm256_loadu_si256(s + 2));
+      m1 = _mm512_cvtph_ps(_mm256_loadu_si256(s + 3));
+    }
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k * 16)));
+    w0 = _mm512_fmadd_ps(d0, _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(15))), m0);
+    w1 = _mm512_fmadd_ps(d1, _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), m1);
+  }
+};
 
-void decode_q8_0(const int8_t* codes, const at::Half* scales, int64_t k0, int64_t kn, float* out) {
-  for (int64_t b = k0; b < k0 + kn; b += 32) {
-    const auto* s = reinterpret_cast<const __m256i*>(scales + b / 32 * 32);
-    const __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256(s)), d1 = _mm512_cvtph_ps(_mm256_loadu_si256(s + 1));
-    for (int64_t k = b; k < b + 32; ++k, out += kPanel) {
-      if (k % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(codes + k * 32 + kPrefetchBytes / 2), _MM_HINT_T1);
-      const auto* q = reinterpret_cast<const __m128i*>(codes + k * 32);
-      _mm512_store_ps(out, _mm512_mul_ps(d0, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q)))));
-      _mm512_store_ps(out + 16, _mm512_mul_ps(d1, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1)))));
-    }
+struct Q8_0 {
+  const int8_t* codes;
+  const at::Half* scales;
+  __m512 d0, d1;
+  void prefetch(int64_t k) const {
+    if (k % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(codes + k * 32 + kPrefetchBytes / 2), _MM_HINT_T1);
   }
-}
+  void load(int64_t k, __m512& w0, __m512& w1) {
+    if (k % 32 == 0) {
+      const auto* s = reinterpret_cast<const __m256i*>(scales + k / 32 * 32);
+      d0 = _mm512_cvtph_ps(_mm256_loadu_si256(s));
+      d1 = _mm512_cvtph_ps(_mm256_loadu_si256(s + 1));
+    }
+    const auto* q = reinterpret_cast<const __m128i*>(codes + k * 32);
+    w0 = _mm512_mul_ps(d0, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))));
+    w1 = _mm512_mul_ps(d1, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))));
+  }
+};
 
 bool bf16_supported() {
 #ifdef __AVX512BF16__
@@ -233,16 +258,16 @@ at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& panels, int64_t n, 
   if (type == at::kFloat) {
     const float* wp = panels.data_ptr<float>();
     return rows_within_limit(x, n, bias, [&](const at::Tensor& xc, const float* bp, float* yp) {
-      multiply<F32, true>(xc, n, bp, yp, [&](int64_t p, int64_t k0, int64_t, float*) {
-        return wp + p * panel_size + k0 * kPanel;
+      multiply<F32>(xc, n, bp, yp, [&](int64_t p, int64_t k0) {
+        return Panels<F32>{wp + p * panel_size + k0 * kPanel};
       });
     });
   }
   const auto* wp = reinterpret_cast<const at::BFloat16*>(panels.data_ptr());
   return rows_within_limit(x, n, bias, [&](const at::Tensor& xc, const float* bp, float* yp) {
 #ifdef __AVX512BF16__
-    multiply<BF16, true>(xc, n, bp, yp, [&](int64_t p, int64_t k0, int64_t, at::BFloat16*) {
-      return wp + p * panel_size + k0 * kPanel;
+    multiply<BF16>(xc, n, bp, yp, [&](int64_t p, int64_t k0) {
+      return Panels<BF16>{wp + p * panel_size + k0 * kPanel};
     });
 #endif
   }).to(at::kBFloat16);
@@ -270,15 +295,13 @@ at::Tensor coded_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Te
   return rows_within_limit(x, n, bias, [&](const at::Tensor& xc, const float* bp, float* yp) {
     if (q4) {
       const uint8_t* cp = codes.data_ptr<uint8_t>();
-      multiply<F32, false>(xc, n, bp, yp, [&](int64_t p, int64_t k0, int64_t kn, float* buffer) {
-        decode_q4_1(cp + p * K * 16, sp + p * scale_size, k0, kn, buffer);
-        return static_cast<const float*>(buffer);
+      multiply<F32>(xc, n, bp, yp, [&](int64_t p, int64_t k0) {
+        return Q4_1{cp + (p * K + k0) * 16, sp + p * scale_size + k0 / 32 * 64};
       });
     } else {
       const int8_t* cp = codes.data_ptr<int8_t>();
-      multiply<F32, false>(xc, n, bp, yp, [&](int64_t p, int64_t k0, int64_t kn, float* buffer) {
-        decode_q8_0(cp + p * K * 32, sp + p * scale_size, k0, kn, buffer);
-        return static_cast<const float*>(buffer);
+      multiply<F32>(xc, n, bp, yp, [&](int64_t p, int64_t k0) {
+        return Q8_0{cp + (p * K + k0) * 32, sp + p * scale_size + k0 / 32 * 32};
       });
     }
   });
