@@ -46,10 +46,10 @@ MAX_ROWS_BF16_AMX = 4
 # step time) and lose from two (0.96x), far at four (0.69x: a 4-token step 62 -> 42 ms on the Xeon,
 # docs/BENCHMARKS.md), so graphs call the kernel from 2 rows on.
 GRAPH_MIN_ROWS = 2
-# Block codes cost a sixth of the float32 bytes but work to decode, paid again for every row block:
-# over the bundled model's 121 products they took 0.51x the float32 panels' time at 1 row, 0.62x at
-# 2, 0.81-0.94x at 3-5 and 1.1-1.2x at 6-8 on a 33 GB/s Xeon core (`scripts/coded_gemm_probe.py`,
-# docs/BENCHMARKS.md, 2026-12-04). More rows read the float32 panels.
+# Block codes cost a sixth of the float32 bytes but work to decode, in registers for every row
+# block: over the bundled model's 121 products they took 0.42x the time of the model's float32
+# panels at 1 row, 0.87-0.90x at 4-5, 1.08-1.22x at 6 and 1.24-1.29x at 8 on a 32 GB/s Xeon core
+# (`scripts/coded_gemm_probe.py`, docs/BENCHMARKS.md, 2026-12-05). More rows read the panels.
 CODED_MAX_ROWS = 5
 
 MADV_HUGEPAGE = 14  # Linux's madvise advice
