@@ -48,7 +48,7 @@ MAX_ROWS_BF16_AMX = 4
 GRAPH_MIN_ROWS = 2
 # Block codes cost a sixth of the float32 bytes but work to decode, in registers for every row
 # block: over the bundled model's 121 products they took 0.42x the time of the model's float32
-# panels at 1 row, 0.87-0.90x at 4-5, 1.08-1.22x at 6 and 1.24-1.29x at 8 on a 32 GB/s Xeon core
+# panels at 1 row, 0.87-0.90x at 4-5, 1.08-1.22x at 6 and 1.24-1.29x at 8 on a 32 GB/s AMD EPYC core
 # (`scripts/coded_gemm_probe.py`, docs/BENCHMARKS.md, 2026-12-05). More rows read the panels.
 CODED_MAX_ROWS = 5
 
