@@ -170,6 +170,10 @@ void multiply(const at::Tensor& x, int64_t n, const float* bp, float* yp, Chunk 
 // column j in the low nibble, column j + 16 in the high one) or [K, 32] int8; its scales
 // [K / 32, 2 or 1, 32] float16 (d, then m). These sources decode a chunk's weights in registers, k
 // step by k step, as the FMAs take them (kChunk is a whole number of blocks: a chunk starts on one).
+inline __m512 halves(const at::Half* h) {  // 16 float16 values as float32
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+}
+
 struct Q4_1 {
   const uint8_t* codes;    // the chunk's first term's
   const at::Half* scales;  // its first block's
@@ -179,11 +183,8 @@ struct Q4_1 {
   }
   void load(int64_t k, __m512& w0, __m512& w1) {
     if (k % 32 == 0) {
-      const auto* s = reinterpret_cast<const __m256i*>(scales + k / 32 * 64);
-      d0 = _mm512_cvtph_ps(_mm256_loadu_si256(s));
-      d1 = _mm512_cvtph_ps(_mm256_loadu_si256(s + 1));
-      m0 = _mm512_cvtph_ps(_mm256_loadu_si256(s + 2));
-      m1 = _mm512_cvtph_ps(_mm256_loadu_si256(s + 3));
+      const at::Half* s = scales + k / 32 * 64;
+      d0 = halves(s), d1 = halves(s + 16), m0 = halves(s + 32), m1 = halves(s + 48);
     }
     const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k * 16)));
     w0 = _mm512_fmadd_ps(d0, _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(15))), m0);
@@ -199,11 +200,7 @@ struct Q8_0 {
     if (k % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(codes + k * 32 + kPrefetchBytes / 2), _MM_HINT_T1);
   }
   void load(int64_t k, __m512& w0, __m512& w1) {
-    if (k % 32 == 0) {
-      const auto* s = reinterpret_cast<const __m256i*>(scales + k / 32 * 32);
-      d0 = _mm512_cvtph_ps(_mm256_loadu_si256(s));
-      d1 = _mm512_cvtph_ps(_mm256_loadu_si256(s + 1));
-    }
+    if (k % 32 == 0) d0 = halves(scales + k / 32 * 32), d1 = halves(scales + k / 32 * 32 + 16);
     const auto* q = reinterpret_cast<const __m128i*>(codes + k * 32);
     w0 = _mm512_mul_ps(d0, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))));
     w1 = _mm512_mul_ps(d1, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))));
