@@ -26,7 +26,7 @@ def main(rows: tuple[int, ...] = ROWS) -> None:
     assert all(p is not None and p.codes is not None for p in coded), "the bundled weights were not found as codes"
     panel_bytes = sum(p.panels.numel() * p.panels.element_size() for p in coded)
     print(f"read bandwidth {streaming_bandwidth(torch.device('cpu'), 1 << 30) / 1e9:.1f} GB/s; "
-          f"codes {sum(p.nbytes for p in coded) / 1e6:.0f} MB, float32 panels {panel_bytes / 1e6:.0f} MB")
+          f"codes {sum(p.codes.nbytes for p in coded) / 1e6:.0f} MB, float32 panels {panel_bytes / 1e6:.0f} MB")
     print("| rows | codes ms | float32 panels ms | codes / panels |")
     print("|---|---|---|---|")
     for m in rows:

@@ -67,9 +67,11 @@ def held_bytes(model: torch.nn.Module) -> int:
     """Bytes of weights the model keeps in memory: every parameter, plus the packed copies of each
     linear weight that has them (float32 on CPU keeps the dense one, oneDNN's and the kernel's;
     bfloat16 the same where the CPU has AVX512-BF16; block codes where the weights have them)."""
-    copies = [t for m in model.modules() if isinstance(m, Linear)
-              for t in (m.packed, *(() if m.small is None else (m.small.panels, *(m.small.codes or ()))))
-              if t is not None]
+    copies = []
+    for m in model.modules():
+        if isinstance(m, Linear):
+            copies += [m.packed] + ([] if m.small is None else [m.small.panels, *(m.small.codes or ())])
+    copies = [t for t in copies if t is not None]
     return sum(t.numel() * t.element_size() for t in copies) + sum(p.numel() * p.element_size()
                                                                    for p in model.parameters())
 

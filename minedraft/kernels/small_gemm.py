@@ -75,11 +75,6 @@ class Packed(NamedTuple):
     dense: torch.Tensor
     codes: Codes | None = None
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes a one-row product streams."""
-        return self.codes.nbytes if self.codes is not None else self.panels.numel() * self.panels.element_size()
-
 
 def enabled() -> bool:
     return os.environ.get("MINEDRAFT_SMALL_GEMM", "1") != "0"
@@ -144,17 +139,10 @@ def pack(weight: torch.Tensor, out: torch.Tensor | None = None) -> Packed | None
     """`weight` ([K, N], the models' [in, out] layout) packed for the kernel, into `out` (flat, of
     its size) if given; None where the kernel does not apply (`packable`). bfloat16 panels hold
     each pair of adjacent k terms side by side ([P, K / 2, 32, 2], viewed as [P, K, 32]), the
-    operand layout of the CPU's bfloat16 dot product."""
+    operand layout of the CPU's bfloat16 dot product. Float32 weights that are block codes
+    (`block_codes`) carry those too."""
     if not packable(weight):
         return None
-    return _panels(weight, out)._replace(codes=_codes(weight))
-
-
-def _codes(weight: torch.Tensor) -> Codes | None:
-    return block_codes(weight) if weight.dtype == torch.float32 and codes_enabled() else None
-
-
-def _panels(weight: torch.Tensor, out: torch.Tensor | None) -> Packed:
     K, N = weight.shape
     padded = F.pad(weight.detach(), (0, -N % PANEL))
     P = padded.shape[1] // PANEL
@@ -163,7 +151,8 @@ def _panels(weight: torch.Tensor, out: torch.Tensor | None) -> Packed:
     else:
         layout = padded.view(K // 2, 2, P, PANEL).permute(2, 0, 3, 1)
     panels = layout.contiguous() if out is None else out.view(layout.shape).copy_(layout)
-    return Packed(panels.view(P, K, PANEL), weight)
+    codes = block_codes(weight) if weight.dtype == torch.float32 and codes_enabled() else None
+    return Packed(panels.view(P, K, PANEL), weight, codes)
 
 
 def pack_in_order(weights: list[torch.Tensor]) -> list[Packed | None]:
@@ -180,7 +169,7 @@ def pack_in_order(weights: list[torch.Tensor]) -> list[Packed | None]:
         mine = [i for i, w in enumerate(weights) if sizes[i] and w.dtype == dtype]
         buffer = _huge_page_buffer(sum(sizes[i] for i in mine), dtype)
         for i, start in zip(mine, itertools.accumulate((sizes[i] for i in mine), initial=0)):
-            packs[i] = _panels(weights[i], buffer[start : start + sizes[i]])._replace(codes=_codes(weights[i]))
+            packs[i] = pack(weights[i], buffer[start : start + sizes[i]])
     return packs
 
 

@@ -146,7 +146,7 @@ class Linear(nn.Module):
         """Bytes of the copy a one-row product reads."""
         bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
         if self.small is not None and self.small.codes is not None:
-            return self.small.nbytes + bias
+            return self.small.codes.nbytes + bias
         w = self.weight if self.weight is not None else self.packed
         return w.numel() * w.element_size() + bias
 

@@ -329,7 +329,7 @@ def test_block_coded_weights_give_the_float32_products_bit_for_bit(kind, k, n):
         w[:32, 0] = 0  # a constant block: d = 0
     packed = small_gemm.pack(w)
     assert packed.codes.codes.dtype == (torch.uint8 if kind == "q4_1" else torch.int8)
-    assert packed.nbytes <= 0.3 * packed.panels.numel() * 4
+    assert packed.codes.nbytes <= 0.3 * packed.panels.numel() * 4
 
     def coded(x, bias=None):
         return torch.ops.minedraft_kernels.coded_gemm(x, *packed.codes, n, bias)
