@@ -65,8 +65,9 @@ struct BF16 {
 
 // Where a row block's weights come from, k step by k step (a chunk of one panel, its first term
 // at k = 0): `load(k, w0, w1)` gives the chunk's 32 columns at k step k as two vectors, `prefetch(k)`
-// asks for the bytes kPrefetchBytes of float32 weights ahead. Packed panels: [kn, 32] of E::T
-// ([kn / 2, 32, 2] in bfloat16), contiguous, so the asking runs on into the next panels.
+// asks for bytes a later k step reads (panels: kPrefetchBytes ahead; codes: 512 k steps ahead).
+// Packed panels: [kn, 32] of E::T ([kn / 2, 32, 2] in bfloat16), contiguous, so the asking runs on
+// into the next panels.
 template <typename E>
 struct Panels {
   const typename E::T* w;

@@ -115,8 +115,9 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         # Inside a compiled graph the kernel takes only the products Inductor's own GEMM templates
-        # multiply slowly (more than 1 row), as an external call; its panels are plain tensors, so
-        # frozen graphs stay cacheable on disk.
+        # multiply slowly (more than 1 row; any row for block-coded weights, which Inductor would read
+        # as float32), as an external call; its panels and codes are plain tensors, so frozen graphs
+        # stay cacheable on disk.
         compiling = torch.compiler.is_compiling()
         if self.small is not None and small_gemm.applies(rows, x.dtype, compiling, self.small.codes is not None):
             y = small_gemm.linear(x.reshape(rows, x.shape[-1]), self.small, self.bias)
