@@ -94,8 +94,10 @@ def _compiling() -> Iterator[None]:
     """A call may compile: a new size or new input shapes. Every graph of every runner (target,
     drafter) is one more entry in Dynamo's cache of the same function, so allow many. Inductor's
     options are patched rather than passed to torch.compile, which does not apply `freezing` from
-    its `options`."""
-    with torch._dynamo.config.patch(recompile_limit=256, accumulated_recompile_limit=1024), \
+    its `options`. Dict tags let a call's guards skip the model's unchanged modules rather than
+    check each of its hundreds of weights: 0.67 -> 0.38 ms of a 14 ms one-token step here."""
+    with torch._dynamo.config.patch(recompile_limit=256, accumulated_recompile_limit=1024,
+                                    use_recursive_dict_tags_for_guards=True), \
             torch._inductor.config.patch(INDUCTOR_OPTIONS):
         yield
 
