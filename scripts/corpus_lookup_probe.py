@@ -22,25 +22,26 @@ from pathlib import Path
 
 import torch
 
+from eagle3_offline_eval import replies  # scripts/, beside this one
 from minedraft import LLM, SamplingParams
-from minedraft.bench.datasets import select, spec_bench_by_task
 from minedraft.spec_decode.ngram import lookup
 from minedraft.training.prompts import build_prompts
 
 K = 4
 
 
-def chat_replies(path: Path, chats: list[tuple[str, str]], max_tokens: int, max_num_seqs: int) -> list[dict]:
-    """The target's greedy float32 replies to (category, user message) pairs, cached at `path`."""
+def corpus_replies(path: Path, num_prompts: int) -> list[list[int]]:
+    """The target's greedy float32 replies (chat template, at most 192 tokens) to the first
+    `num_prompts` training prompts, cached at `path`."""
     if path.exists():
         return torch.load(path)
-    with LLM(max_num_seqs=max_num_seqs, max_model_len=1536) as llm:
-        outs = llm.chat([[{"role": "user", "content": text}] for _, text in chats],
-                        SamplingParams(temperature=0.0, max_tokens=max_tokens))
-    samples = [{"category": c, "prompt": o.prompt_token_ids, "reply": list(o.outputs[0].token_ids)}
-               for (c, _), o in zip(chats, outs)]
-    torch.save(samples, path)
-    return samples
+    prompts = build_prompts(num_prompts, seed=7, mix="spec_bench")
+    with LLM(max_num_seqs=16, max_model_len=1536) as llm:
+        outs = llm.chat([[{"role": "user", "content": text}] for _, text in prompts],
+                        SamplingParams(temperature=0.0, max_tokens=192))
+    written = [list(o.outputs[0].token_ids) for o in outs]
+    torch.save(written, path)
+    return written
 
 
 class Corpus:
@@ -78,11 +79,11 @@ def replay(samples: list[dict], corpus: Corpus | None, online: bool, min_count: 
     """Per task: [rounds, drafted rounds, accepted in drafted rounds, tokens, corpus rounds, accepted in them]."""
     stats = collections.defaultdict(lambda: [0] * 6)
     for s in samples:
-        prompt, reply = s["prompt"], s["reply"]
+        prompt, reply = s["prompt"].tolist(), s["reply"].tolist()
         t = 1  # the first reply token comes from the prefill
         while t < len(reply):
             context = prompt + reply[:t]
-            draft, from_corpus = lookup(context, 2, 4, K), False
+            draft, from_corpus = lookup(context, 2, 4, K), False  # the engine's n in front of a head
             if not draft and corpus is not None:
                 draft = corpus.draft(context, K, min_count, min_share)
                 from_corpus = bool(draft)
@@ -109,11 +110,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     args.cache.mkdir(parents=True, exist_ok=True)
-    bench = chat_replies(args.cache / "spec_bench.pt",
-                         [(task, p) for task, prompts in spec_bench_by_task(args.dataset).items()
-                          for p in select(prompts, args.per_task, 0)], args.output_len, 8)
-    written = chat_replies(args.cache / "corpus.pt", build_prompts(args.corpus_prompts, seed=7, mix="spec_bench"),
-                           192, 16)
+    bench = replies(args.cache / f"replies_{args.per_task}_{args.output_len}.pt", args.dataset, args.per_task,
+                    args.output_len)
+    written = corpus_replies(args.cache / f"corpus_{args.corpus_prompts}.pt", args.corpus_prompts)
     arms = [("prompt lookup only", None, False), ("+ corpus", written, False), ("+ corpus, online", written, True),
             ("+ online only", [], True)]
     for (min_n, max_n), (min_count, min_share) in [((2, 6), (1, 0.0)), ((3, 8), (2, 0.5))]:
@@ -121,8 +120,8 @@ def main() -> None:
             corpus = None
             if seed_replies is not None:
                 corpus = Corpus(min_n, max_n)
-                for s in seed_replies:
-                    corpus.add(s["reply"])
+                for reply in seed_replies:
+                    corpus.add(reply)
             stats = replay(bench, corpus, online, min_count, min_share)
             cells = "  ".join(f"{task} {r[1] / r[0]:.2f}/{r[2] / max(r[1], 1):.2f}/{r[3] / r[0]:.2f} "
                               f"c {r[4] / r[0]:.2f}/{r[5] / max(r[4], 1):.2f}" for task, r in stats.items())

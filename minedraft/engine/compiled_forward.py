@@ -95,7 +95,7 @@ def _compiling() -> Iterator[None]:
     drafter) is one more entry in Dynamo's cache of the same function, so allow many. Inductor's
     options are patched rather than passed to torch.compile, which does not apply `freezing` from
     its `options`. Dict tags let a call's guards skip the model's unchanged modules rather than
-    check each of its hundreds of weights: 0.67 -> 0.38 ms of a 14 ms one-token step here."""
+    check each of its hundreds of weights (docs/BENCHMARKS.md, 2026-12-05: a batch-1 step 3% shorter)."""
     with torch._dynamo.config.patch(recompile_limit=256, accumulated_recompile_limit=1024,
                                     use_recursive_dict_tags_for_guards=True), \
             torch._inductor.config.patch(INDUCTOR_OPTIONS):
