@@ -26,16 +26,28 @@ def add_prefill_args(parser: argparse.ArgumentParser) -> None:
                         help="prompt tokens a step may carry (default 512 on CPU, 2048 on GPU)")
     parser.add_argument("--max-prompt-tokens-beside-streams", type=int, default=None,
                         help="at most this many while prefilled streams run in the step "
-                             "(default: 48 serving on CPU, else --max-num-batched-tokens)")
+                             "(default: --max-num-batched-tokens)")
     parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
                         help="split prompts over steps (default); without, a prompt runs whole")
-    parser.add_argument("--prefill-stall-ratio", type=lambda v: None if v.lower() == "none" else float(v), default=None,
-                        help="beside running streams, a lone prompt's chunks shrink so that a step takes at most "
-                             "this many times a step without them, e.g. 2.5 (default none: the full budget)")
+    parser.add_argument("--prefill-stall-ratio", type=_stall_ratio, default="auto",
+                        help="beside running streams, prompt chunks shrink so that a step takes at most this many "
+                             "times a step without them; none: the full budget (default auto: 2.5 for serve on CPU, "
+                             "else none)")
     parser.add_argument("--scheduling-policy", choices=["fcfs", "shortest_prompt"], default=None,
                         help="which prompts a step's prompt tokens go to: in arrival order, or the soonest done "
                              "first, none passing a prompt that waited its own prefill time (default: "
                              "shortest_prompt for serve, fcfs elsewhere)")
+
+
+def _stall_ratio(text: str) -> float | str | None:
+    """--prefill-stall-ratio: a number, auto or none (EngineConfig checks the number)."""
+    word = text.lower()
+    if word in ("auto", "none"):
+        return None if word == "none" else word
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, auto or none, got {text!r}") from None
 
 
 def add_speculative_arg(parser: argparse.ArgumentParser) -> None:

@@ -216,14 +216,15 @@ class SpeculativeConfig:
 CPU_COMPILE_SIZES = (1, 2, 4, 8)
 # Prompt tokens per step by default. Every step pays for one pass over the weights whatever it
 # carries, so a step with no stream running takes many: 512 (like vLLM's offline `LLM`) took ar at
-# 8 in flight from 27.3 to 32.4 tokens/s (docs/BENCHMARKS.md, issue 15). Serving on CPU, a step
-# beside running streams takes fewer, since every stream's inter-token gap waits on it: with 48, in
-# one float32 sweep at 0.25-1 req/s, the gap between token arrivals kept its p99 within 2.9x its
-# median for ar, sd and psd, 3.1x for ar at 0.25 (64: ITL 3.4-5.2x for ar at 0.25-0.5 req/s and sd
-# at 0.25), for 0-7% more TTFT p50 than 64 and the same throughput. Serving steps with no stream keep 512: TTFT p50
-# 5-17% lower at 0.25 req/s than with 48 (docs/BENCHMARKS.md, issue 19, 2026-12-03 and -04).
+# 8 in flight from 27.3 to 32.4 tokens/s (docs/BENCHMARKS.md, issue 15).
 CPU_MAX_NUM_BATCHED_TOKENS = 512
-CPU_SERVING_TOKENS_BESIDE_STREAMS = 48
+# Serving on CPU, a step beside running streams carries few enough prompt tokens that it takes at
+# most this many times a step without them (engine.scheduler.PrefillPacer), since every stream's
+# inter-token gap waits on it. A fixed 48 tokens kept the token gaps' p99 within about 3x their median on
+# a Xeon and let it reach 9.5x on an EPYC, whose decode step is 3x shorter and prompt tokens dearer;
+# paced at 2.5 it stayed within 1.1-2.6x there in every mode at 0.25-1 req/s, for throughput within
+# -5% to +3% in ar and sd and 6-9% lower in psd at 0.5-1 req/s (docs/BENCHMARKS.md, issue 19).
+CPU_SERVING_STALL_RATIO = 2.5
 GPU_MAX_NUM_BATCHED_TOKENS = 2048
 
 
@@ -237,16 +238,14 @@ class EngineConfig:
     # Prompt tokens a step may carry (chunked prefill); None: CPU_MAX_NUM_BATCHED_TOKENS on CPU,
     # GPU_MAX_NUM_BATCHED_TOKENS elsewhere.
     max_num_batched_tokens: int | None = None
-    # At most this many of them while prefilled streams run in the step (their gaps wait on it);
-    # None: CPU_SERVING_TOKENS_BESIDE_STREAMS on CPU when `serving`, else max_num_batched_tokens.
+    # At most this many of them while prefilled streams run in the step; None: max_num_batched_tokens.
     max_prompt_tokens_beside_streams: int | None = None
     serving: bool = False  # the engine streams to clients (`minedraft serve`): defaults for latency
     enable_chunked_prefill: bool = True  # split prompts over steps (else a prompt goes whole, alone if too long)
-    # Opt-in: beside running streams, a lone prompt's chunks shrink so that a step takes at most
-    # this many times a step without them (engine.scheduler.PrefillPacer); None: the whole budget.
-    # Off by default: its gain was small and mixed (docs/BENCHMARKS.md, issue 19) and it makes the
-    # chunking depend on timing.
-    prefill_stall_ratio: float | None = None
+    # Beside running streams, prompt chunks shrink so that a step takes at most this many times a
+    # step without them (engine.scheduler.PrefillPacer); None: off (the whole budget beside streams);
+    # "auto": CPU_SERVING_STALL_RATIO on CPU when `serving`, else off.
+    prefill_stall_ratio: float | str | None = "auto"
     # Which prompts a step's prompt tokens go to: "fcfs" (arrival order) or "shortest_prompt" (the
     # soonest done first, engine.scheduler); None: "shortest_prompt" when `serving`, else "fcfs".
     scheduling_policy: str | None = None
@@ -278,8 +277,7 @@ class EngineConfig:
         if self.max_num_batched_tokens is None:
             self.max_num_batched_tokens = CPU_MAX_NUM_BATCHED_TOKENS if cpu else GPU_MAX_NUM_BATCHED_TOKENS
         if self.max_prompt_tokens_beside_streams is None:
-            self.max_prompt_tokens_beside_streams = (CPU_SERVING_TOKENS_BESIDE_STREAMS if cpu and self.serving
-                                                     else self.max_num_batched_tokens)
+            self.max_prompt_tokens_beside_streams = self.max_num_batched_tokens
         for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "max_prompt_tokens_beside_streams"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -293,10 +291,12 @@ class EngineConfig:
                 f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
                 f"{self.model_args.max_position_embeddings}"
             )
+        if self.prefill_stall_ratio == "auto":
+            self.prefill_stall_ratio = CPU_SERVING_STALL_RATIO if cpu and self.serving else None
         ratio = self.prefill_stall_ratio
         if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float))
                                   or not math.isfinite(ratio) or ratio <= 1):
-            raise ValueError(f"prefill_stall_ratio must be a number > 1 or None, got {ratio!r}")
+            raise ValueError(f"prefill_stall_ratio must be a number > 1, 'auto' or None, got {ratio!r}")
         if self.scheduling_policy is None:
             self.scheduling_policy = "shortest_prompt" if self.serving else "fcfs"
         if self.scheduling_policy not in ("fcfs", "shortest_prompt"):

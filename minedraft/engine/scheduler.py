@@ -21,14 +21,14 @@ class ScheduledStep:
 class PrefillPacer:
     """Sizes a step's prompt chunks. With no stream running nobody waits on the step: it takes
     `max_tokens`. Beside running streams it takes at most `tokens_beside_streams`, and with a
-    `stall_ratio` a lone prompt's chunks shrink so that a step carrying them takes at most that
-    many times a step without them: the stall a prompt causes in every stream's inter-token gap
-    stays bounded whatever the prompt lengths. It learns, as moving averages, the
-    time of a step without prompt tokens and the time each prompt token adds (on a CPU a one-token
-    decode step is memory-bound and compiled, a chunk compute-bound and eager: a 65-token pass took
-    6.1x a one-token step, docs/BENCHMARKS.md, issue 19). It paces only a
-    lone prompt: with several being prefilled or waiting, prefill is the bottleneck, and pacing it
-    cost a quarter of the throughput under overload. Then prompts take `tokens_beside_streams`."""
+    `stall_ratio` few enough that a step carrying them takes at most that many times a step without
+    them: every stream's inter-token gap then stays within that ratio of its usual gap, on any
+    machine, whatever the prompt lengths and however many prompts wait. It learns, as moving
+    averages, the time of a step without prompt tokens and the time each prompt token adds: on a
+    CPU a decode step streams the weights once and each prompt token is compute on top, and the two
+    compare very differently between CPUs (a 64-token chunk took a step from 44 to 159 ms on a Xeon,
+    a 60-token one from 13 to 170 ms on an EPYC; docs/BENCHMARKS.md, issue 19). Steps of prompts
+    alone give a first price of a token. Until both are known, beside streams it takes `MIN_TOKENS`."""
 
     WEIGHT = 0.2  # of the newest observation in each moving average
     MIN_TOKENS = 8  # prompts keep moving however slow a token is
@@ -40,21 +40,25 @@ class PrefillPacer:
         self.step_s: float | None = None  # a step of running rows alone
         self.token_s: float | None = None  # what one prompt token adds to such a step
 
-    def budget(self, streams: bool, prompts: int = 1) -> int:
-        """Prompt tokens for the next step; `streams`: whether prefilled sequences run in it;
-        `prompts`: how many prompts are being prefilled or wait for a slot."""
+    def budget(self, streams: bool) -> int:
+        """Prompt tokens for the next step; `streams`: whether prefilled sequences run in it."""
         if not streams:
             return self.max_tokens
-        if prompts > 1 or self.stall_ratio is None or self.step_s is None or not self.token_s:
+        floor = min(self.MIN_TOKENS, self.beside)
+        if self.stall_ratio is None:
             return self.beside
-        fit = int((self.stall_ratio - 1) * self.step_s / self.token_s)
-        return max(min(self.MIN_TOKENS, self.beside), min(fit, self.beside))
+        if self.step_s is None or not self.token_s:
+            return floor
+        return max(floor, min(int((self.stall_ratio - 1) * self.step_s / self.token_s), self.beside))
 
     def observe(self, seconds: float, streams: bool, prompt_tokens: int) -> None:
         """A finished step's time, whether it ran streams, and the prompt tokens it carried."""
-        if not streams or self.stall_ratio is None:  # off: nothing to learn
+        if self.stall_ratio is None:  # off: nothing to learn
             return
-        if not prompt_tokens:
+        if not streams:  # prompts alone: each token's share of the step, a slight overestimate
+            if prompt_tokens:
+                self.token_s = _average(self.token_s, seconds / prompt_tokens, self.WEIGHT)
+        elif not prompt_tokens:
             self.step_s = _average(self.step_s, seconds, self.WEIGHT)
         elif self.step_s is not None:
             self.token_s = _average(self.token_s, max(seconds - self.step_s, 0.0) / prompt_tokens, self.WEIGHT)
@@ -106,7 +110,7 @@ class Scheduler:
         if self.shortest_first:
             prefilling.sort(key=lambda s: s.arrival_time + self.prompt_left(s) * self.prompt_token_s)
             self.waiting = deque(sorted(self.waiting, key=lambda s: s.arrival_time + len(s) * self.prompt_token_s))
-        budget = self.pacer.budget(bool(step.running), len(prefilling) + len(self.waiting))
+        budget = self.pacer.budget(bool(step.running))
         for seq in prefilling:
             left = self.prompt_left(seq)
             if budget > 0 and (self.chunked or not step.chunks or left <= budget):

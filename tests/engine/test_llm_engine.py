@@ -150,6 +150,7 @@ def test_bad_sampling_params_name_the_field(kwargs, field):
     ({"prefill_stall_ratio": 1}, "prefill_stall_ratio"),
     ({"prefill_stall_ratio": float("nan")}, "prefill_stall_ratio"),
     ({"prefill_stall_ratio": True}, "prefill_stall_ratio"),
+    ({"prefill_stall_ratio": "fast"}, "prefill_stall_ratio"),
     ({"enable_chunked_prefill": 1}, "enable_chunked_prefill"),
     ({"serving": "yes"}, "serving"),
 ])
@@ -159,14 +160,17 @@ def test_bad_engine_config_is_named(tiny_llama, kwargs, message):
         LLM(**kwargs)
 
 
-def test_prompt_budget_beside_streams_defaults_to_latency_when_serving_and_throughput_offline(tiny_llama):
-    from minedraft.config import CPU_MAX_NUM_BATCHED_TOKENS, CPU_SERVING_TOKENS_BESIDE_STREAMS, EngineConfig
+def test_chunks_beside_streams_are_paced_when_serving_on_cpu_and_take_the_whole_budget_offline(tiny_llama):
+    from minedraft.config import CPU_MAX_NUM_BATCHED_TOKENS, CPU_SERVING_STALL_RATIO, EngineConfig
 
     offline = EngineConfig(str(tiny_llama))
     assert offline.max_num_batched_tokens == offline.max_prompt_tokens_beside_streams == CPU_MAX_NUM_BATCHED_TOKENS
+    assert offline.prefill_stall_ratio is None
     serving = EngineConfig(str(tiny_llama), serving=True)
-    assert serving.max_num_batched_tokens == CPU_MAX_NUM_BATCHED_TOKENS  # a step with no stream: nobody waits
-    assert serving.max_prompt_tokens_beside_streams == CPU_SERVING_TOKENS_BESIDE_STREAMS < CPU_MAX_NUM_BATCHED_TOKENS
+    assert serving.max_num_batched_tokens == serving.max_prompt_tokens_beside_streams == CPU_MAX_NUM_BATCHED_TOKENS
+    assert serving.prefill_stall_ratio == CPU_SERVING_STALL_RATIO
+    assert EngineConfig(str(tiny_llama), serving=True, prefill_stall_ratio=None).prefill_stall_ratio is None
+    assert EngineConfig(str(tiny_llama), prefill_stall_ratio=4).prefill_stall_ratio == 4
     chosen = EngineConfig(str(tiny_llama), serving=True, max_num_batched_tokens=100,
                           max_prompt_tokens_beside_streams=20)
     assert (chosen.max_num_batched_tokens, chosen.max_prompt_tokens_beside_streams) == (100, 20)

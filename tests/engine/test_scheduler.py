@@ -82,15 +82,12 @@ def test_a_step_without_streams_takes_the_whole_budget_and_one_beside_them_less(
 
 def test_the_pacer_keeps_a_step_with_chunks_within_the_stall_ratio():
     pacer = PrefillPacer(stall_ratio=2.5, max_tokens=64)
-    assert pacer.budget(streams=True) == 64  # nothing measured yet
+    assert pacer.budget(streams=False) == 64  # nobody waits on a step of prompts alone
+    assert pacer.budget(streams=True) == PrefillPacer.MIN_TOKENS  # nothing measured yet: a small chunk
     pacer.observe(0.024, streams=True, prompt_tokens=0)  # a decode step
-    assert pacer.budget(streams=True) == 64  # the cost of a prompt token is not known yet
+    assert pacer.budget(streams=True) == PrefillPacer.MIN_TOKENS  # the cost of a prompt token is not known yet
     pacer.observe(0.124, streams=True, prompt_tokens=64)  # 64 tokens added 100 ms
     # 1.5 decode steps' worth of prompt tokens: 0.036 s / (0.1 s / 64) = 23.04
-    assert pacer.budget(streams=True) == 23
-    assert pacer.budget(streams=False) == 64  # nobody waits on a step of prompts alone
-    assert pacer.budget(streams=True, prompts=2) == 64  # a backlog of prompts: prefill is the bottleneck
-    pacer.observe(5.0, streams=False, prompt_tokens=64)  # and it teaches nothing
     assert pacer.budget(streams=True) == 23
     for _ in range(50):  # tokens get dear: the floor keeps prompts moving
         pacer.observe(1.0, streams=True, prompt_tokens=23)
@@ -99,6 +96,20 @@ def test_the_pacer_keeps_a_step_with_chunks_within_the_stall_ratio():
     unpaced.observe(0.024, streams=True, prompt_tokens=0)
     unpaced.observe(0.124, streams=True, prompt_tokens=64)
     assert unpaced.budget(streams=True) == 64
+
+
+def test_a_step_of_prompts_alone_prices_a_prompt_token_first():
+    pacer = PrefillPacer(stall_ratio=3.0, max_tokens=512, tokens_beside_streams=100)
+    pacer.observe(1.0, streams=False, prompt_tokens=500)  # 2 ms a token, the weight pass included
+    pacer.observe(0.02, streams=True, prompt_tokens=0)
+    assert pacer.budget(streams=True) == 20  # 2 x 20 ms / 2 ms
+    pacer.observe(0.001, streams=True, prompt_tokens=0)  # decode steps get cheap: the floor
+    for _ in range(30):
+        pacer.observe(0.001, streams=True, prompt_tokens=0)
+    assert pacer.budget(streams=True) == PrefillPacer.MIN_TOKENS
+    for _ in range(30):  # and dear: never above tokens_beside_streams
+        pacer.observe(1.0, streams=True, prompt_tokens=0)
+    assert pacer.budget(streams=True) == 100
 
 
 def test_chunks_beside_streams_take_the_pacers_budget():
@@ -110,8 +121,8 @@ def test_chunks_beside_streams_take_the_pacers_budget():
     assert run(scheduler) == ([], [(0, 30)])  # no stream runs: the whole budget
     scheduler.add(second)
     assert run(scheduler) == ([0], [(1, 10)])
-    scheduler.add(sequence(2, 30))  # no slot for it, but it waits: no more pacing
-    assert run(scheduler) == ([0], [(1, 20)])
+    scheduler.add(sequence(2, 30))  # no slot for it: however many prompts wait, the same pacing
+    assert run(scheduler) == ([0], [(1, 10)])
     unchunked = Scheduler(cache, max_num_batched_tokens=40, chunked=False, stall_ratio=2.0)
     assert unchunked.pacer.stall_ratio is None  # a prompt that must go whole is not paced
 

@@ -3,7 +3,7 @@
 import pytest
 
 from minedraft import cli
-from minedraft.config import CPU_MAX_NUM_BATCHED_TOKENS, CPU_SERVING_TOKENS_BESIDE_STREAMS
+from minedraft.config import CPU_MAX_NUM_BATCHED_TOKENS, CPU_SERVING_STALL_RATIO
 from minedraft.engine import llm_engine
 
 
@@ -28,8 +28,14 @@ def built_config(monkeypatch, argv: list[str]):
 def test_serve_defaults_to_the_serving_prompt_budget(tiny_llama, monkeypatch):
     config = built_config(monkeypatch, ["--model", str(tiny_llama)])
     assert config.serving and config.max_num_batched_tokens == CPU_MAX_NUM_BATCHED_TOKENS
-    assert config.max_prompt_tokens_beside_streams == CPU_SERVING_TOKENS_BESIDE_STREAMS
+    assert config.max_prompt_tokens_beside_streams == CPU_MAX_NUM_BATCHED_TOKENS
+    assert config.prefill_stall_ratio == CPU_SERVING_STALL_RATIO  # chunks beside streams are paced
     assert config.scheduling_policy == "shortest_prompt"
+    for given, ratio in (("none", None), ("4", 4.0), ("AUTO", CPU_SERVING_STALL_RATIO)):
+        chosen = built_config(monkeypatch, ["--model", str(tiny_llama), "--prefill-stall-ratio", given])
+        assert chosen.prefill_stall_ratio == ratio
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--model", str(tiny_llama), "--prefill-stall-ratio", "fast"])
     chosen = built_config(monkeypatch, ["--model", str(tiny_llama), "--scheduling-policy", "fcfs"])
     assert chosen.scheduling_policy == "fcfs"
 
