@@ -220,10 +220,11 @@ CPU_COMPILE_SIZES = (1, 2, 4, 8)
 CPU_MAX_NUM_BATCHED_TOKENS = 512
 # Serving on CPU, a step beside running streams carries few enough prompt tokens that it takes at
 # most this many times a step without them (engine.scheduler.PrefillPacer), since every stream's
-# inter-token gap waits on it. A fixed 48 tokens kept the token gaps' p99 within about 3x their median on
-# a Xeon and let it reach 9.5x on an EPYC, whose decode step is 3x shorter and prompt tokens dearer;
-# paced at 2.5 it stayed within 1.1-2.6x there in every mode at 0.25-1 req/s, for throughput within
-# -5% to +3% in ar and sd and 6-9% lower in psd at 0.5-1 req/s (docs/BENCHMARKS.md, issue 19).
+# inter-token gap waits on it. A fixed 48 tokens kept the token gaps' p99 within about 3x their
+# median on a Xeon and let it reach 9.8x on an EPYC, whose decode step is 3x shorter and prompt
+# tokens dearer; paced at 2.5 it stayed within 1.1-2.8x there in every mode at 0.25-1 req/s, for
+# throughput within -5% to +3% in ar and sd and 6-9% lower in psd at 0.5-1 req/s
+# (docs/BENCHMARKS.md, issue 19).
 CPU_SERVING_STALL_RATIO = 2.5
 GPU_MAX_NUM_BATCHED_TOKENS = 2048
 

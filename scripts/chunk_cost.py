@@ -14,8 +14,7 @@ import statistics
 import torch
 
 from minedraft import LLM
-from minedraft.bench.decode import timed
-from minedraft.engine.model_runner import Row
+from minedraft.bench.decode import decode_step_times
 
 CHUNKS = (0, 8, 16, 24, 32, 48, 60)
 COMPILE_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -23,20 +22,8 @@ COMPILE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 def step_ms(llm: LLM, context: int, chunk: int, repeats: int) -> float:
     """Median milliseconds of a step: a decode row after `context` tokens, and a `chunk`-token prompt start."""
-    runner, cache = llm.engine.runner, llm.engine.runner.cache
-    stream, prompt = cache.allocate(), cache.allocate()
-    try:
-        runner.forward([Row(stream, [5] * context)])
-        times = []
-        for _ in range(repeats + 2):  # the first two warm up
-            rows = [Row(stream, [7])] + ([Row(prompt, [9] * chunk, 0)] if chunk else [])
-            times.append(timed(lambda: runner.forward(rows)))
-            cache.truncate(stream, context)
-            cache.truncate(prompt, 0)
-        return statistics.median(times[2:]) * 1000
-    finally:
-        cache.free(stream)
-        cache.free(prompt)
+    times = decode_step_times(llm.engine.runner, [[5] * context], repeats + 2, chunk=chunk)
+    return statistics.median(times[2:]) * 1000  # the first two warm up
 
 
 def main() -> None:

@@ -86,23 +86,30 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def decode_step_times(runner: ModelRunner, prompts: list[list[int]], steps: int, tokens: int = 1) -> list[float]:
+def decode_step_times(runner: ModelRunner, prompts: list[list[int]], steps: int, tokens: int = 1,
+                      chunk: int = 0) -> list[float]:
     """Seconds per forward of `tokens` new tokens per row, all scored (1: a decode step; k + 1: a
-    verification), after prefilling `prompts` into free slots; each step starts from the prompt."""
+    verification), after prefilling `prompts` into free slots; each step starts from the prompt.
+    `chunk`: the first `chunk` tokens of a new prompt ride with each step in one more slot (a
+    served step beside a prompt being prefilled)."""
     cache = runner.cache
     slots = [cache.allocate() for _ in prompts]
+    chunk_slot = cache.allocate() if chunk else None
     try:
         runner.forward([Row(s, p) for s, p in zip(slots, prompts)])
+        extra = [Row(chunk_slot, [9] * chunk, 0)] if chunk else []
 
         def step() -> float:
-            elapsed = timed(lambda: runner.forward([Row(s, [7] * tokens, tokens) for s in slots]))
+            elapsed = timed(lambda: runner.forward([Row(s, [7] * tokens, tokens) for s in slots] + extra))
             for s, p in zip(slots, prompts):
                 cache.truncate(s, len(p))
+            if chunk:
+                cache.truncate(chunk_slot, 0)
             return elapsed
 
         return [step() for _ in range(steps)]
     finally:
-        for s in slots:
+        for s in slots + ([chunk_slot] if chunk else []):
             cache.free(s)
 
 

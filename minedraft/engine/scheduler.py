@@ -44,9 +44,9 @@ class PrefillPacer:
         """Prompt tokens for the next step; `streams`: whether prefilled sequences run in it."""
         if not streams:
             return self.max_tokens
-        floor = min(self.MIN_TOKENS, self.beside)
         if self.stall_ratio is None:
             return self.beside
+        floor = min(self.MIN_TOKENS, self.beside)
         if self.step_s is None or not self.token_s:
             return floor
         return max(floor, min(int((self.stall_ratio - 1) * self.step_s / self.token_s), self.beside))

@@ -3,9 +3,10 @@ import argparse
 import pytest
 import torch
 
-from minedraft.bench.decode import held_bytes, layout_check, run, weight_bytes
+from minedraft.bench.decode import decode_step_times, held_bytes, layout_check, run, weight_bytes
 from minedraft.kernels import small_gemm
 from minedraft.models.llama import Linear, cpu_packing_supported
+from minedraft.engine.model_runner import ModelRunner
 from minedraft.models.loader import load_model
 
 
@@ -41,3 +42,16 @@ def test_a_one_token_run_is_refused_before_anything_loads():
     args = argparse.Namespace(num_threads=None, batch_sizes="1", output_len=1, model="/nonexistent")
     with pytest.raises(ValueError, match="--output-len must be >= 2"):
         run(args)
+
+
+def test_decode_steps_can_carry_a_prompt_chunk_and_leave_the_cache_as_found(tiny_llama):
+    model = load_model(tiny_llama, torch.float32, torch.device("cpu"))
+    runner = ModelRunner(model, 4, 64, torch.float32, torch.device("cpu"))
+    carried = []
+    forward = runner.forward
+    runner.forward = lambda rows: carried.append([len(r.tokens) for r in rows]) or forward(rows)
+    free = runner.cache.num_free
+    times = decode_step_times(runner, [[5] * 10], 3, chunk=6)
+    assert len(times) == 3 and all(t > 0 for t in times)
+    assert carried == [[10], [1, 6], [1, 6], [1, 6]]  # the prefill, then each step: the decode row and the chunk
+    assert runner.cache.num_free == free
