@@ -57,6 +57,8 @@ class SpeculativeConfig:
     On CPU the engine's process takes `target_cpus` and the drafter `draft_cpus` (default: core 0
     and core 1). `rendezvous` is the torch.distributed address ("tcp://host:port"; default: a free
     local port); `draft_timeout_s` bounds the wait for drafts before the drafter counts as failed.
+    With `prefill_on_drafter` the drafter's process also holds a copy of the target, which prefills
+    the prompts that arrive while streams run, between drafts.
     """
 
     num_speculative_tokens: int | str  # or "auto"
@@ -75,6 +77,9 @@ class SpeculativeConfig:
     # take the lookup's draft, the others the model's. None: on for the bundled drafter without
     # TETRIS (its gain on Spec-Bench is in docs/DRAFT_MODEL.md), off for a drafter named by path.
     prompt_lookup_first: bool | None = None
+    # A copy of the target in the drafter's process prefills prompts that arrive while streams run,
+    # in the time the drafter waits between drafts (spec_decode/target_prefill.py).
+    prefill_on_drafter: bool = False
     tetris: bool = False
     tetris_extra_proposals: int = 1
     tetris_capacity: int = 0
@@ -82,7 +87,7 @@ class SpeculativeConfig:
 
     KEYS = ("method", "model", "num_speculative_tokens", "parallel", "overlap", "draft_device", "target_cpus",
             "draft_cpus", "rendezvous", "draft_timeout_s", "prompt_lookup_min", "prompt_lookup_max",
-            "prompt_lookup_first", "tetris", "tetris_extra_proposals", "tetris_capacity")
+            "prompt_lookup_first", "prefill_on_drafter", "tetris", "tetris_extra_proposals", "tetris_capacity")
 
     @property
     def remote(self) -> bool:
@@ -165,6 +170,11 @@ class SpeculativeConfig:
             raise ValueError("speculative_config overlap 'auto' applies to psd only: set 'parallel': true")
         if self.method not in (None, "draft_model", "eagle3", "ngram"):
             raise ValueError(f"speculative_config method must be 'draft_model', 'eagle3' or 'ngram', got {self.method!r}")
+        if not isinstance(self.prefill_on_drafter, bool):
+            raise ValueError(f"speculative_config prefill_on_drafter must be true or false, got {self.prefill_on_drafter!r}")
+        if self.prefill_on_drafter and not self.remote:
+            raise ValueError("speculative_config prefill_on_drafter needs a drafter in its own process: "
+                             "set 'parallel' or 'draft_device'")
         if self.method == "ngram":
             self._validate_ngram()
             return

@@ -6,7 +6,7 @@
 #   bash scripts/serve_sweep.sh OUT_DIR "VARIANT=SERVE_FLAGS" ["VARIANT=SERVE_FLAGS" ...]
 #   e.g. bash scripts/serve_sweep.sh /tmp/sweep "paced=" "unpaced=--prefill-stall-ratio none"
 #
-# Environment: MODES (default "ar sd psd"; also psd-auto), RATES (default "0.25 0.5 1.0"), NUM_PROMPTS (16),
+# Environment: MODES (default "ar sd psd"; also psd-auto, and psd-pod: prefill_on_drafter), RATES (default "0.25 0.5 1.0"), NUM_PROMPTS (16),
 # OUTPUT_LEN (64), K (2), PORT (8031), PYTHON (.venv/bin/python). One JSON per cell in OUT_DIR;
 # `python scripts/serve_table.py OUT_DIR` prints the table. Variants of one mode run back to back,
 # so a comparison is side by side. PYTHON_<VARIANT> runs that variant's server with another
@@ -26,6 +26,7 @@ for mode in ${MODES:-ar sd psd}; do
     sd) spec=(--speculative-config "{\"num_speculative_tokens\": $k}") ;;
     psd) spec=(--speculative-config "{\"num_speculative_tokens\": $k, \"parallel\": true}") ;;
     psd-auto) spec=(--speculative-config "{\"num_speculative_tokens\": $k, \"parallel\": true, \"overlap\": \"auto\"}") ;;
+    psd-pod) spec=(--speculative-config "{\"num_speculative_tokens\": $k, \"parallel\": true, \"prefill_on_drafter\": true}") ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;
   esac
   for variant in "$@"; do

@@ -26,6 +26,10 @@ from minedraft.spec_decode.transport import DrafterError
 
 log = logging.getLogger("minedraft")
 
+# "prefill_on_drafter": prompts the drafter's target copy holds at a time, one it works on and one
+# queued behind it, so that it never waits a step for the next; the target prefills the others.
+PROMPTS_ON_DRAFTER = 2
+
 
 class LLMEngine:
     """Modes: `ar` (no speculative_config), `sd` (drafter in this process, or in its own process
@@ -41,6 +45,9 @@ class LLMEngine:
         model = load_model(config.model_path, config.torch_dtype, device, compiled=bool(config.compile_sizes))
         self.runner = ModelRunner(model, config.num_slots, config.max_model_len, config.torch_dtype, device,
                                   config.compile_sizes, cuda_graphs=not config.enforce_eager)
+        self.scheduler = Scheduler(self.runner.cache, config.max_num_batched_tokens, config.enable_chunked_prefill,
+                                   config.prefill_stall_ratio, config.max_prompt_tokens_beside_streams,
+                                   config.scheduling_policy)
         spec = config.speculative
         self.spec_metrics = SpecDecodeMetrics()
         self.proposer = None
@@ -56,9 +63,8 @@ class LLMEngine:
         self.overlap = OverlapPolicy() if self.batches is not None and spec.overlap == "auto" else None
         self.draft_length = self._controller()
         self.trace: list[dict] | None = [] if config.trace else None
-        self.scheduler = Scheduler(self.runner.cache, config.max_num_batched_tokens, config.enable_chunked_prefill,
-                                   config.prefill_stall_ratio, config.max_prompt_tokens_beside_streams,
-                                   config.scheduling_policy)
+        if self.proposer is not None and spec.prefill_on_drafter:
+            self.scheduler.hand_over = PROMPTS_ON_DRAFTER
         self.inputs = InputProcessor(config)
         self.tokenizer = self.inputs.tokenizer
         self.output = OutputProcessor(self.tokenizer, eos_token_ids(config.model_path, self.tokenizer),
@@ -152,10 +158,16 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """One step: a decode or speculative step of the prefilled sequences, with the next chunks
-        of prompts in the same target pass; returns the state of every request that advanced."""
+        of prompts in the same target pass; returns the state of every request that advanced.
+        Prompts the drafter's copy of the target prefilled join first, with their first token."""
+        adopted = self._adopt_prefilled()
         step = self.scheduler.schedule()
-        if not step:
-            return []
+        if step.handed_over:
+            self.proposer.hand_over(step.handed_over)
+        if not step:  # nothing to run here: wait for a prompt handed over, if any
+            if self.scheduler.elsewhere:
+                self._wait_prefilled()
+            return self.output.request_outputs(self.requests, adopted)
         seqs, chunks = step.running, step.chunks
         start = time.perf_counter()
         try:
@@ -177,7 +189,7 @@ class LLMEngine:
         self._release_drafter_slots()
         self.scheduler.observe(time.perf_counter() - start, bool(step.running), sum(n for _, n in chunks))
         # A prompt that is still being prefilled has nothing new to report.
-        advanced = seqs + [s for s, _ in chunks if s.output_token_ids or s.status == Status.FINISHED]
+        advanced = adopted + seqs + [s for s, _ in chunks if s.output_token_ids or s.status == Status.FINISHED]
         return self.output.request_outputs(self.requests, advanced)
 
     def _release_drafter_slots(self) -> None:
@@ -196,13 +208,42 @@ class LLMEngine:
             self._drafter_failed(e)
 
     def _drafter_failed(self, error: Exception) -> None:
-        """Carry on without speculation: drafts in flight are dropped, nothing else was touched."""
+        """Carry on without speculation: drafts in flight are dropped, nothing else was touched;
+        prompts handed over start again here."""
         log.error("drafter failed, continuing without speculation: %s", error)
         self.spec_metrics.drafter_failures += 1
         if self.proposer is not None:
             self.proposer.close(graceful=False)
         self.proposer = None
         self.batches = self.overlap = None
+        self.scheduler.hand_over = 0
+        self.scheduler.elsewhere.clear()
+
+    def _adopt_prefilled(self) -> list[Sequence]:
+        """Prompts the drafter's copy of the target has prefilled: their KV entries into the cache,
+        then their first token, as a prompt's last chunk here would give it."""
+        if self.proposer is None:
+            return []
+        done = self.proposer.prefilled()
+        cache = self.runner.cache
+        for seq, p in done:
+            n = p.keys.shape[2]
+            cache.k[:, seq.slot, :, :n].copy_(p.keys)
+            cache.v[:, seq.slot, :, :n].copy_(p.values)
+            cache.lengths[seq.slot] = n
+            self.scheduler.elsewhere.discard(seq.seq_id)
+        seqs = [seq for seq, _ in done]
+        if seqs:
+            self._sample_next(seqs, torch.cat([p.logits for _, p in done]).to(self.runner.device))
+            self.spec_metrics.num_prompts_prefilled_by_drafter += len(seqs)
+        return seqs
+
+    def _wait_prefilled(self) -> None:
+        try:
+            self._drop_drafts_in_flight()
+            self.proposer.wait_prefilled()
+        except DrafterError as e:
+            self._drafter_failed(e)
 
     @contextmanager
     def _isolated(self, seq: Sequence):
@@ -398,6 +439,7 @@ class LLMEngine:
                     cache.truncate(seq.slot, len(seq) - 1)
         self._hand_states(seqs, states)
         end = time.time()
+        self.proposer.observe_verify(end - start)
         if self.draft_length is not None and not chunks:
             self.draft_length.observe_verify(end - start, max(drafted), list(zip(drafted, accepted)))
         if self.overlap is not None:

@@ -13,6 +13,7 @@ from minedraft.kv_cache import KVCache
 class ScheduledStep:
     running: list[Sequence] = field(default_factory=list)  # prefilled: they decode (or are verified)
     chunks: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, prompt tokens to run)
+    handed_over: list[Sequence] = field(default_factory=list)  # admitted, for the drafter's target copy to prefill
 
     def __bool__(self) -> bool:
         return bool(self.running or self.chunks)
@@ -86,6 +87,11 @@ class Scheduler:
         self.pacer = PrefillPacer(stall_ratio if chunked else None, max_num_batched_tokens, tokens_beside_streams)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # Set by the engine ("prefill_on_drafter"): up to this many prompts at a time, admitted
+        # beside running streams, are handed over whole to a copy of the target in the drafter's
+        # process; `elsewhere` holds the seq ids of those not back yet.
+        self.hand_over = 0
+        self.elsewhere: set[int] = set()
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -102,11 +108,14 @@ class Scheduler:
         (fewer beside running streams, as the pacer says), first of prompts already begun, then
         of waiting requests admitted in order while slots are free. Streams in flight thus never
         wait for more than one bounded chunk of prompts. Without chunking a prompt is never split:
-        prompts go whole while they fit (the first one always)."""
+        prompts go whole while they fit (the first one always). With `hand_over`, prompts admitted
+        beside streams go to the drafter's target copy first, whole and outside the budget, while
+        it holds fewer than that many; the others are prefilled here as usual."""
         step = ScheduledStep()
         prefilling = []
         for seq in self.running:
-            (prefilling if self.prompt_left(seq) else step.running).append(seq)
+            if seq.seq_id not in self.elsewhere:
+                (prefilling if self.prompt_left(seq) else step.running).append(seq)
         if self.shortest_first:
             prefilling.sort(key=lambda s: s.arrival_time + self.prompt_left(s) * self.prompt_token_s)
             self.waiting = deque(sorted(self.waiting, key=lambda s: s.arrival_time + len(s) * self.prompt_token_s))
@@ -117,14 +126,19 @@ class Scheduler:
                 n = left if not self.chunked else min(left, budget)
                 step.chunks.append((seq, n))
                 budget -= n
-        while self.waiting and self.cache.num_free > 0 and budget > 0:
+        while self.waiting and self.cache.num_free > 0:
             seq = self.waiting[0]
-            if not self.chunked and step.chunks and len(seq) > budget:
+            hand_over = bool(step.running) and len(self.elsewhere) < self.hand_over
+            if not hand_over and (budget <= 0 or not self.chunked and step.chunks and len(seq) > budget):
                 break
             self.waiting.popleft()
             seq.slot = self.cache.allocate()
             seq.status = Status.RUNNING
             self.running.append(seq)
+            if hand_over:
+                step.handed_over.append(seq)
+                self.elsewhere.add(seq.seq_id)
+                continue
             n = len(seq) if not self.chunked else min(len(seq), budget)
             step.chunks.append((seq, n))
             budget -= n
@@ -144,6 +158,7 @@ class Scheduler:
             self.waiting.remove(seq)
         else:
             self.running.remove(seq)
+            self.elsewhere.discard(seq.seq_id)
             self.cache.free(seq.slot)
             seq.slot = None
         seq.status = Status.FINISHED

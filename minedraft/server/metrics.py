@@ -28,6 +28,8 @@ class EngineCollector:
             ("spec_decode_num_steps", spec.num_steps, "Speculative steps."),
             ("spec_decode_num_overlapped_steps", spec.num_overlapped_steps, "PSD steps overlapped with drafting."),
             ("spec_decode_drafter_failures", spec.drafter_failures, "Drafter process failures."),
+            ("spec_decode_prompts_prefilled_by_drafter", spec.num_prompts_prefilled_by_drafter,
+             "Prompts prefilled by the target's copy in the drafter's process."),
         ]:
             yield CounterMetricFamily(f"minedraft:{name}", doc, value=value)
         per_position = CounterMetricFamily("minedraft:spec_decode_num_accepted_tokens_per_pos",

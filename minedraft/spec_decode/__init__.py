@@ -29,7 +29,7 @@ def make_proposer(config: EngineConfig, target: Decoder) -> Proposer:
         sizes = [spec.prompt_lookup_min, spec.prompt_lookup_max] if spec.prompt_lookup_first else None
         args = WorkerArgs(str(spec.model_path), str(c.model_path), c.dtype, spec.draft_device, c.num_slots,
                           c.max_model_len, spec.draft_cpus, address, c.seed + 1, list(c.compile_sizes),
-                          not c.enforce_eager, sizes)
+                          not c.enforce_eager, sizes, spec.prefill_on_drafter)
         aux_layers = ()
         if spec.method == "eagle3":
             aux_layers = Eagle3Args.from_hf(read_config(spec.model_path)).aux_layers(target.args.num_layers)

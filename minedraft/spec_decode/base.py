@@ -1,10 +1,23 @@
 """The proposer protocol: what the engine asks of every drafter, in its process or another."""
 
+from dataclasses import dataclass
+
 import torch
 
 from minedraft.engine.model_runner import ModelRunner
 from minedraft.engine.sequence import Sequence
 from minedraft.sampling import Dist
+
+
+@dataclass
+class Prefilled:
+    """A prompt the drafter's copy of the target prefilled ("prefill_on_drafter"): its KV entries
+    [layers, kv heads, tokens, head dim] and the logits of its last token [1, vocab]."""
+
+    seq_id: int
+    keys: torch.Tensor
+    values: torch.Tensor
+    logits: torch.Tensor
 
 
 class Proposer:
@@ -46,6 +59,22 @@ class Proposer:
 
     def flush(self) -> None:
         """Called after every step: a proposer in another process sends queued releases."""
+
+    def hand_over(self, seqs: list[Sequence]) -> None:
+        """Prompts for a copy of the target beside the drafter to prefill ("prefill_on_drafter",
+        spec_decode/target_prefill.py); they come back through `prefilled`."""
+        raise NotImplementedError("this drafter cannot prefill the target's prompts")
+
+    def prefilled(self) -> list[tuple[Sequence, Prefilled]]:
+        """Handed-over prompts done since the last call (they arrive with drafts)."""
+        return []
+
+    def wait_prefilled(self) -> None:
+        """Block until at least one handed-over prompt is done (the engine has nothing else to do)."""
+
+    def observe_verify(self, seconds: float) -> None:
+        """How long the target's last verification took: about how long the drafter may work on
+        handed-over prompts after its drafts are out without delaying the next ones."""
 
     def close(self, graceful: bool = True) -> None:
         """Free the proposer's resources (a drafter process: stop it)."""

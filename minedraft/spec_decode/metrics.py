@@ -12,6 +12,7 @@ class SpecDecodeMetrics:
     num_steps: int = 0  # speculative steps (each verifies one batch or sub-batch)
     num_overlapped_steps: int = 0  # PSD steps whose verification ran beside drafting
     drafter_failures: int = 0
+    num_prompts_prefilled_by_drafter: int = 0  # "prefill_on_drafter": by the target's copy there
 
     def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
         if num_draft_tokens == 0:
@@ -35,4 +36,5 @@ class SpecDecodeMetrics:
             "num_steps": self.num_steps,
             "num_overlapped_steps": self.num_overlapped_steps,
             "drafter_failures": self.drafter_failures,
+            "num_prompts_prefilled_by_drafter": self.num_prompts_prefilled_by_drafter,
         }

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minedraft.spec_decode.base import Proposer
+from minedraft.spec_decode.base import Prefilled, Proposer
 from minedraft.spec_decode.transport import ENGINE, Channel, DrafterError
 from minedraft.engine.sequence import Sequence
 from minedraft.sampling import Dist
@@ -36,6 +36,7 @@ class WorkerArgs:
     compile_sizes: list[int]  # the drafter's compiled forward (EngineConfig.compile_sizes)
     cuda_graphs: bool  # the drafter's CUDA graphs on a GPU (not EngineConfig.enforce_eager)
     prompt_lookup: list[int] | None = None  # [min, max] n-gram sizes of a lookup in front of the model
+    prefill_target: bool = False  # a copy of the target prefills handed-over prompts (spec_decode/target_prefill.py)
 
 
 READY_TIMEOUT_S = 600.0  # for the drafter process to start, load its model and compile its forward pass
@@ -87,6 +88,10 @@ class RemoteDrafter(Proposer):
         self.known: dict[int, int] = {}  # seq_id -> how many of the sequence's tokens the drafter has
         self.prefills: dict[int, tuple[Sequence, int]] = {}  # seq_id -> (sequence, tokens to prefill up to)
         self.released: list[int] = []
+        self.handed: dict[int, Sequence] = {}  # seq_id -> a prompt handed over, until it comes back
+        self.to_hand: list[int] = []  # those of them not sent yet
+        self.done: list[tuple[Sequence, Prefilled]] = []
+        self.idle_s = 0.0  # the target's last verification: the drafter's time for handed-over prompts
         self.in_flight: list[Sequence] | None = None
         self.last_span: tuple[float, float] | None = None
         self.process = subprocess.Popen(command)
@@ -113,7 +118,7 @@ class RemoteDrafter(Proposer):
         seeded requests' generators the same way. Queued prompt chunks go first, for it to prefill."""
         header, states = self._update("draft")
         items, more = self._items([(seq, len(seq)) for seq in seqs])
-        header.update(seqs=items, num_tokens=num_tokens, capacity=capacity)
+        header.update(seqs=items, num_tokens=num_tokens, capacity=capacity, idle_s=self.idle_s)
         self._send(header, [torch.cat(states + more)] if states or more else [])
         self.in_flight = seqs
 
@@ -122,11 +127,34 @@ class RemoteDrafter(Proposer):
         for seq, end in zip(seqs, ends):
             self.prefills[seq.seq_id] = (seq, end)
 
+    def hand_over(self, seqs: list[Sequence]) -> None:
+        """Queued for the next message: the drafter's copy of the target prefills their prompts."""
+        for seq in seqs:
+            self.handed[seq.seq_id] = seq
+            self.to_hand.append(seq.seq_id)
+
+    def prefilled(self) -> list[tuple[Sequence, Prefilled]]:
+        done, self.done = self.done, []
+        return done
+
+    def wait_prefilled(self) -> None:
+        if self.in_flight is not None:
+            raise RuntimeError("the drafter is drafting; wait for prompts when it is idle")
+        if self.handed and not self.done:
+            header, states = self._update("prefilled")
+            self._send(header, [torch.cat(states)] if states else [])
+            self._take_prefilled(*self._recv())
+
+    def observe_verify(self, seconds: float) -> None:
+        self.idle_s = seconds
+
     def _update(self, op: str) -> tuple[dict, list[torch.Tensor]]:
-        """A message's header with the queued releases and prompt chunks, and the chunks' states."""
-        items, states = self._items(list(self.prefills.values()))
-        header = {"op": op, "release": self.released, "prefill": items}
-        self.released, self.prefills = [], {}
+        """A message's header with the queued releases, prompt chunks and prompts handed over, and
+        the chunks' states."""
+        handed = [(self.handed[i], len(self.handed[i].prompt_token_ids)) for i in self.to_hand]
+        items, states = self._items(list(self.prefills.values()) + handed)
+        header = {"op": op, "release": self.released, "prefill": items, "on_target": self.to_hand}
+        self.released, self.prefills, self.to_hand = [], {}, []
         return header, states
 
     def _items(self, seqs: list[tuple[Sequence, int]]) -> tuple[list, list[torch.Tensor]]:
@@ -146,7 +174,7 @@ class RemoteDrafter(Proposer):
     def collect(self) -> dict[int, tuple[list[int], Dist | None]]:
         """Drafts and draft distributions (None for greedy rows) of the in-flight sub-batch, by seq id."""
         seqs, self.in_flight = self.in_flight, None
-        header, tensors = self._recv()
+        header, tensors = self._take_prefilled(*self._recv())
         try:
             self.last_span = (float(header["start"]), float(header["end"]))
             drafts = header["drafts"]
@@ -163,6 +191,30 @@ class RemoteDrafter(Proposer):
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
             raise DrafterError(f"malformed drafts from the drafter: {e!r}") from None
 
+    def _take_prefilled(self, header: dict, tensors: list[torch.Tensor]) -> tuple[dict, list[torch.Tensor]]:
+        """Keep the prompts an answer brings back prefilled (its last 3 tensors: keys and values
+        back to back, last logits); returns the answer without them."""
+        done = header.get("prefilled")
+        if not done:
+            return header, tensors
+        try:
+            keys, values, logits = tensors[-3:]
+            lengths = [n for _, n in done]
+            ok = len(tensors) >= 3 and keys.shape == values.shape and keys.dim() == 4 and logits.dim() == 2
+            ok = ok and keys.shape[2] == sum(lengths) and len(logits) == len(done)
+            if not ok:
+                raise ValueError("KV entries or logits whose shape does not fit")
+            for (seq_id, n), k, v, row in zip(done, keys.split(lengths, 2), values.split(lengths, 2), logits):
+                seq = self.handed.pop(seq_id, None)
+                if seq is None:  # released since (aborted)
+                    continue
+                if n != len(seq.prompt_token_ids):
+                    raise ValueError(f"{n} KV entries for a prompt of {len(seq.prompt_token_ids)} tokens")
+                self.done.append((seq, Prefilled(seq_id, k, v, row[None])))
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise DrafterError(f"malformed prefilled prompts from the drafter: {e!r}") from None
+        return header, tensors[:-3]
+
     def accept_states(self, seq: Sequence, start: int, states: torch.Tensor) -> None:
         """Kept until the sequence's next draft request, which carries them."""
         if seq.seq_id in self.states:
@@ -173,13 +225,16 @@ class RemoteDrafter(Proposer):
     def release(self, seq: Sequence) -> None:
         self.states.pop(seq.seq_id, None)
         self.prefills.pop(seq.seq_id, None)
+        if self.handed.pop(seq.seq_id, None) is not None and seq.seq_id in self.to_hand:
+            self.to_hand.remove(seq.seq_id)
+        self.done = [(s, p) for s, p in self.done if s.seq_id != seq.seq_id]
         if self.known.pop(seq.seq_id, None) is not None:
             self.released.append(seq.seq_id)
 
     def flush(self) -> None:
         """Send queued releases and prompt chunks now, if the drafter is idle (it prefills while
         the target works on; its answer to the next message waits for that)."""
-        if (self.released or self.prefills) and self.in_flight is None:
+        if (self.released or self.prefills or self.to_hand) and self.in_flight is None:
             header, states = self._update("update")
             self._send(header, [torch.cat(states)] if states else [])
 

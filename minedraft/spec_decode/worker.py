@@ -21,6 +21,7 @@ from minedraft.spec_decode.draft_model import DraftModelProposer
 from minedraft.spec_decode.eagle3 import Eagle3Proposer
 from minedraft.spec_decode.ngram import LookupFirst, NgramProposer
 from minedraft.spec_decode.remote import WorkerArgs, pin
+from minedraft.spec_decode.target_prefill import TargetPrefill
 from minedraft.spec_decode.transport import DRAFTER, Channel
 from minedraft.engine.sequence import Sequence
 from minedraft.models.eagle3 import is_eagle3, load_eagle3
@@ -65,28 +66,38 @@ def worker_main(args: WorkerArgs) -> None:
     pin(args.cpus)
     channel = Channel(args.init_method, DRAFTER, timeout_s=24 * 3600)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    drafter = Drafter(make_proposer(args, device, dtype), make_generator(args.seed), channel.send)
+    proposer = make_proposer(args, device, dtype)
+    target = None
+    if args.prefill_target:
+        model = load_model(Path(args.target_path), dtype, device)
+        target = TargetPrefill(model, args.max_len, dtype, device, proposer.aux_layers)
+    drafter = Drafter(proposer, make_generator(args.seed), channel.send, target)
     channel.send({"ready": True})
     while drafter.handle(*channel.recv()):
         pass
 
 
 class Drafter:
-    """The worker's state between messages: the proposer, a mirror of each sequence, and where
-    answers go (`send(header, tensors)`)."""
+    """The worker's state between messages: the proposer, a mirror of each sequence, where
+    answers go (`send(header, tensors)`) and, with "prefill_on_drafter", the target's copy."""
 
-    def __init__(self, proposer: Proposer, default_gen: torch.Generator, send: Callable[..., None]):
+    def __init__(self, proposer: Proposer, default_gen: torch.Generator, send: Callable[..., None],
+                 target: TargetPrefill | None = None):
         self.proposer = proposer
         self.default_gen = default_gen
         self.send = send
+        self.target = target
         self.mirrors: dict[int, Sequence] = {}
 
     def handle(self, header: dict, tensors: list[torch.Tensor]) -> bool:
         """Act on one message of the engine's; False once told to stop."""
         proposer = self.proposer
+        received = time.time()
         for seq_id in header.get("release", ()):
             if seq_id in self.mirrors:
                 proposer.release(self.mirrors.pop(seq_id))
+            if self.target is not None:
+                self.target.drop(seq_id)
         op = header["op"]
         if op == "stop":
             return False
@@ -100,6 +111,12 @@ class Drafter:
         seqs = [update_mirror(self.mirrors, item, proposer, states) for item in items]
         split = len(header.get("prefill", []))
         prefilled, seqs = seqs[:split], seqs[split:]
+        for seq_id in header.get("on_target", ()):
+            self.target.add(self.mirrors[seq_id])
+        if op == "prefilled":  # the engine has nothing else to do: one prompt, then the answer
+            self.target.run(proposer, None)
+            self.send(*self._prefilled({}, []))
+            return True
         if op == "draft":
             # A sequence with much to catch up on (a prompt's last chunk, which comes with its
             # first draft request) gets no drafts this round: it is verified as a plain decode row
@@ -113,12 +130,25 @@ class Drafter:
             q = Dist.cat(sampled) if sampled else None
             tensors = [] if q is None else [q.probs] if q.ids is None else [q.probs, q.ids]
             answer = {"drafts": drafts, "vocab": None if q is None else q.vocab, "start": start, "end": time.time()}
-            self.send(answer, tensors)
+            self.send(*self._prefilled(answer, tensors))
         # Once the drafts are out, while the target verifies: prompts' chunks, late sequences and
-        # those a prompt lookup drafted (the model has not seen their newest tokens).
+        # those a prompt lookup drafted (the model has not seen their newest tokens); then the
+        # prompts handed over, for as long as the engine's last verification took.
         behind = {seq.seq_id: seq for seq in prefilled + seqs if proposer.backlog(seq) > 0}
         prefill(proposer, list(behind.values()))
+        if self.target is not None and header.get("idle_s"):
+            self.target.run(proposer, received + float(header["idle_s"]))
         return True
+
+    def _prefilled(self, header: dict, tensors: list[torch.Tensor]) -> tuple[dict, list[torch.Tensor]]:
+        """An answer with the prompts the target's copy has done since the last one: their ids and
+        lengths, then their KV entries (keys, values, back to back) and last logits as 3 more tensors."""
+        done = [] if self.target is None else self.target.take()
+        if done:
+            header["prefilled"] = [[p.seq_id, p.keys.shape[2]] for p in done]
+            tensors = tensors + [torch.cat([p.keys for p in done], 2), torch.cat([p.values for p in done], 2),
+                                 torch.cat([p.logits for p in done])]
+        return header, tensors
 
 
 def prefill(proposer: Proposer, seqs: list[Sequence]) -> None:

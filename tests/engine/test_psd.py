@@ -191,8 +191,10 @@ def test_sequential_remote_drafter_equals_ar(tiny_llama, tiny_draft, expected):
         assert llm.get_metrics()["num_overlapped_steps"] == 0
 
 
-def test_killed_drafter_every_request_still_completes(tiny_llama, tiny_draft, expected):
-    with make(tiny_llama, tiny_draft) as llm:
+@pytest.mark.parametrize("prefill_on_drafter", [False, True])
+def test_killed_drafter_every_request_still_completes(tiny_llama, tiny_draft, expected, prefill_on_drafter):
+    """Prompts handed over to the drafter's target copy when it dies are prefilled here instead."""
+    with make(tiny_llama, tiny_draft, prefill_on_drafter=prefill_on_drafter) as llm:
         outs = run_staggered(llm, kill_after=7)
         assert sorted(outs) == list(range(len(PROMPTS)))
         assert [outs[i].token_ids for i in range(len(PROMPTS))] == expected
@@ -241,7 +243,7 @@ def assert_all_free(llm, slots=4):
     engine = llm.engine
     assert not engine.has_unfinished() and not engine.requests
     assert engine.runner.cache.num_free == slots
-    assert not engine.batches.group and engine.batches.in_flight is None
+    assert engine.batches is None or not engine.batches.group and engine.batches.in_flight is None
     assert engine.proposer.stats() == {"free_slots": slots, "sequences": 0, "tokens": 0}
 
 
@@ -392,3 +394,17 @@ def test_closing_while_drafts_are_in_flight_stops_the_drafter_at_once(tiny_llama
     start = time.monotonic()
     llm.close()
     assert process.poll() == 0 and time.monotonic() - start < 10
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_prompts_prefilled_by_the_drafters_target_copy_equal_ar(tiny_llama, tiny_draft, expected, parallel):
+    """"prefill_on_drafter": prompts arriving beside streams are prefilled in the drafter process
+    (psd, and the drafter in its own process strictly draft-then-verify), one is aborted."""
+    placement = {"prefill_on_drafter": True, **({} if parallel else {"parallel": False, "draft_device": "cpu"})}
+    with make(tiny_llama, tiny_draft, **placement) as llm:
+        outs = run_staggered(llm, abort_index=2)
+        assert sorted(outs) == [0, 1, 3, 4, 5]
+        for i, out in outs.items():
+            assert out.token_ids == expected[i], i
+        assert llm.get_metrics()["num_prompts_prefilled_by_drafter"] >= 2
+        assert_all_free(llm)

@@ -94,7 +94,7 @@ def test_self_drafting_accepts_everything_and_metrics_are_exact(tiny_llama):
     assert sd.get_metrics() == {"num_drafts": 2, "num_draft_tokens": 6, "num_accepted_tokens": 6,
                                 "accepted_per_position": [2, 2, 2], "acceptance_rate": 1.0,
                                 "mean_acceptance_length": 4.0, "num_steps": 2, "num_overlapped_steps": 0,
-                                "drafter_failures": 0}
+                                "drafter_failures": 0, "num_prompts_prefilled_by_drafter": 0}
 
 
 def test_metrics_arithmetic():
@@ -104,7 +104,7 @@ def test_metrics_arithmetic():
     assert m.as_dict() == {"num_drafts": 4, "num_draft_tokens": 14, "num_accepted_tokens": 7,
                            "accepted_per_position": [3, 2, 1, 1], "acceptance_rate": 0.5,
                            "mean_acceptance_length": 2.75, "num_steps": 0, "num_overlapped_steps": 0,
-                           "drafter_failures": 0}
+                           "drafter_failures": 0, "num_prompts_prefilled_by_drafter": 0}
 
 
 def test_seeded_sd_is_reproducible(tiny_llama, tiny_draft):

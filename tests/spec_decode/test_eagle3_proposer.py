@@ -89,8 +89,10 @@ def test_a_head_in_the_public_layout_loads_and_drafts(tmp_path):
 PLACEMENTS = [{}, {"draft_device": "cpu"}, {"parallel": True}, {"num_speculative_tokens": "auto"},
               {"tetris": True, "tetris_extra_proposals": 2}, {"parallel": True, "tetris": True},
               {"prompt_lookup_first": True, "prompt_lookup_min": 1},
-              {"parallel": True, "prompt_lookup_first": True, "prompt_lookup_min": 1}]
-IDS = ["sd", "sd-remote", "psd", "sd-auto", "sd-tetris", "psd-tetris", "sd-lookup-first", "psd-lookup-first"]
+              {"parallel": True, "prompt_lookup_first": True, "prompt_lookup_min": 1},
+              {"parallel": True, "prefill_on_drafter": True}]
+IDS = ["sd", "sd-remote", "psd", "sd-auto", "sd-tetris", "psd-tetris", "sd-lookup-first", "psd-lookup-first",
+       "psd-prefill-on-drafter"]
 
 
 @pytest.mark.parametrize("chunk", [None, 4], ids=["whole-prompts", "chunks-of-4"])
@@ -109,6 +111,8 @@ def test_greedy_eagle3_equals_ar(ar, tiny_llama, tiny_eagle3, placement, chunk):
         assert m["num_draft_tokens"] > 0 and m["drafter_failures"] == 0
         if placement.get("num_speculative_tokens") != "auto":
             assert 0 < m["acceptance_rate"] < 1  # both acceptance and rejection exercised
+        if placement.get("prefill_on_drafter"):  # 6 prompts, 4 slots: later ones arrive beside streams
+            assert m["num_prompts_prefilled_by_drafter"] >= 1
         assert sd.engine.runner.cache.num_free == 4
 
 
@@ -146,8 +150,9 @@ def small_vocab_target(tmp_path_factory):
 
 
 @pytest.mark.parametrize("placement", [{}, {"draft_device": "cpu"}, {"parallel": True},
-                                       {"parallel": True, "prompt_lookup_first": True, "prompt_lookup_min": 1}],
-                         ids=["sd", "sd-remote", "psd", "psd-lookup-first"])
+                                       {"parallel": True, "prompt_lookup_first": True, "prompt_lookup_min": 1},
+                                       {"parallel": True, "prefill_on_drafter": True}],
+                         ids=["sd", "sd-remote", "psd", "psd-lookup-first", "psd-prefill-on-drafter"])
 def test_eagle3_samples_the_targets_distribution(small_vocab_target, tmp_path, placement):
     """Temperature 1: the second token follows the target exactly, with a head over part of the
     vocabulary (tokens outside it come only from the residual)."""
@@ -159,6 +164,8 @@ def test_eagle3_samples_the_targets_distribution(small_vocab_target, tmp_path, p
         n = 6000
         empirical = second_token_histogram(sd, prompt, n, exact.numel())
         assert sd.get_metrics()["num_accepted_tokens"] > 0
+        if placement.get("prefill_on_drafter"):
+            assert sd.get_metrics()["num_prompts_prefilled_by_drafter"] > 0
     # Pearson's chi-square with 11 degrees of freedom; 31.26 is its 0.999 quantile.
     chi2 = (n * (empirical - exact) ** 2 / exact).sum().item()
     assert chi2 < 31.26, chi2

@@ -1,9 +1,13 @@
 """The drafter process's handling of the engine's messages (minedraft.spec_decode.worker.Drafter)."""
 
+import pytest
 import torch
 
+from minedraft.engine.model_runner import ModelRunner, Row
+from minedraft.models.loader import load_model
 from minedraft.sampling import SamplingParams
 from minedraft.spec_decode.base import Proposer
+from minedraft.spec_decode.target_prefill import TargetPrefill
 from minedraft.spec_decode.worker import MAX_CATCH_UP, Drafter
 
 
@@ -75,3 +79,56 @@ def test_updates_prefill_at_once_and_stop_ends_the_loop():
     assert log[-1] == ("send", {"free_slots": None, "sequences": 1, "tokens": 2})
     assert not d.handle({"op": "stop", "release": [1]}, [])
     assert log[-1] == ("release", 1)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama):
+    return load_model(tiny_llama, torch.float64, torch.device("cpu"))
+
+
+def drafter_with_target(target) -> tuple[Drafter, list, list]:
+    """A drafter whose copy of the target prefills handed-over prompts; answers go to `sent`."""
+    log, sent = [], []
+    prefill = TargetPrefill(target, 64, torch.float64, torch.device("cpu"))
+    return Drafter(Recorder(log), torch.Generator(), lambda h, t=(): sent.append((h, t)), prefill), log, sent
+
+
+def reference(target, prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The KV entries and last logits of the whole prompt in one pass."""
+    runner = ModelRunner(target, 1, 64, torch.float64, torch.device("cpu"))
+    slot = runner.cache.allocate()
+    logits = runner.forward([Row(slot, prompt)])
+    n = len(prompt)
+    return runner.cache.k[:, slot, :, :n], runner.cache.v[:, slot, :, :n], logits
+
+
+def test_handed_over_prompts_are_prefilled_after_the_drafts_and_come_back_with_the_next(target):
+    d, log, sent = drafter_with_target(target)
+    prompts = {5: list(range(3, 23)), 6: [9, 8, 7, 6, 5, 4]}
+    assert d.handle({"op": "draft", "prefill": [item(5, prompts[5]), item(6, prompts[6])], "on_target": [5, 6],
+                     "seqs": [item(1, [1, 2])], "num_tokens": [2], "idle_s": 30.0}, [])
+    assert "prefilled" not in sent[0][0]  # the drafts went out first
+    # Both prompts ran after the answer, chunk by chunk; the drafter's model saw every chunk.
+    assert [entry[0] for entry in log] == ["propose"] + ["prefill"] * (len(log) - 1)
+    assert {entry[1][0] for entry in log[1:]} == {5, 6} and log[-1] == ("prefill", [6], [6])
+    assert d.handle({"op": "draft", "seqs": [item(1, [3])], "num_tokens": [1], "idle_s": 0.0}, [])
+    header, tensors = sent[1]
+    assert header["drafts"] == [[7]] and header["prefilled"] == [[5, 20], [6, 6]]
+    keys, values, logits = tensors
+    for (seq_id, n), k, v, row in zip(header["prefilled"], keys.split([20, 6], 2), values.split([20, 6], 2), logits):
+        k_ref, v_ref, logits_ref = reference(target, prompts[seq_id])
+        assert torch.allclose(k, k_ref) and torch.allclose(v, v_ref) and torch.allclose(row, logits_ref[0])
+
+
+def test_without_idle_time_prompts_wait_until_the_engine_asks(target):
+    d, log, sent = drafter_with_target(target)
+    assert d.handle({"op": "update", "prefill": [item(5, list(range(30))), item(6, [4, 5])], "on_target": [5, 6]}, [])
+    assert d.handle({"op": "draft", "seqs": [item(1, [1])], "num_tokens": [1], "idle_s": 0.0}, [])
+    assert log[-1] == ("propose", [1], [1]) and "prefilled" not in sent[0][0]
+    assert len(d.target.queue) == 2 and d.target.runner.cache.lengths[d.target.slot] == 0
+    # The engine has nothing else to do: one prompt is done and answered at once.
+    assert d.handle({"op": "prefilled"}, [])
+    assert sent[1][0] == {"prefilled": [[5, 30]]}
+    d.handle({"op": "update", "release": [6]}, [])  # aborted: its prompt is never run
+    assert d.handle({"op": "prefilled"}, [])
+    assert sent[2] == ({}, [])
