@@ -171,7 +171,8 @@ class SpeculativeConfig:
         if self.method not in (None, "draft_model", "eagle3", "ngram"):
             raise ValueError(f"speculative_config method must be 'draft_model', 'eagle3' or 'ngram', got {self.method!r}")
         if not isinstance(self.prefill_on_drafter, bool):
-            raise ValueError(f"speculative_config prefill_on_drafter must be true or false, got {self.prefill_on_drafter!r}")
+            raise ValueError("speculative_config prefill_on_drafter must be true or false, "
+                             f"got {self.prefill_on_drafter!r}")
         if self.prefill_on_drafter and not self.remote:
             raise ValueError("speculative_config prefill_on_drafter needs a drafter in its own process: "
                              "set 'parallel' or 'draft_device'")

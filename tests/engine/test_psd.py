@@ -220,6 +220,8 @@ def test_frozen_drafter_times_out_and_requests_complete(tiny_llama, tiny_draft, 
     ({"draft_cpus": [0]}, "own process"),
     ({"draft_device": "cuda:7"}, "CUDA"),
     ({"parallel": "yes"}, "parallel"),
+    ({"prefill_on_drafter": True}, "needs a drafter in its own process"),
+    ({"parallel": True, "prefill_on_drafter": "yes"}, "prefill_on_drafter must be"),
     ({"overlap": "auto"}, "overlap 'auto' applies to psd only"),
     ({"parallel": True, "overlap": "sometimes"}, "overlap must be"),
 ])
