@@ -42,6 +42,7 @@ class Channel:
         except (RuntimeError, ValueError) as e:
             raise DrafterError(f"could not join the drafter channel at {address}: {e}") from None
         self.peer = 1 - rank
+        self.sending: list[tuple[dist.Work, torch.Tensor]] = []  # posted sends not yet taken, with their buffers
 
     def _wait_for_drafter(self, timeout_s: float, peer_alive: Callable[[], bool] | None) -> None:
         deadline = time.monotonic() + timeout_s
@@ -53,6 +54,10 @@ class Channel:
             time.sleep(0.05)
 
     def send(self, header: dict, tensors: list[torch.Tensor] = ()) -> None:
+        """Post a message and return at once: a gloo send completes only when the peer posts the
+        matching receive, and waiting for that would keep the drafter from working while the
+        engine verifies (and the engine from verifying while the drafter works). The next `recv`
+        waits for it to be taken first; the two sides take turns, so that wait is short."""
         payload = torch.frombuffer(bytearray(json.dumps(header, allow_nan=False).encode()), dtype=torch.uint8)
         meta = [payload.numel(), len(tensors)]
         for t in tensors:
@@ -61,11 +66,16 @@ class Channel:
         self._send(torch.tensor(meta, dtype=torch.int64))
         self._send(payload)
         for t in tensors:
-            self._send(t.detach().cpu().contiguous())
+            buf = t.detach().cpu().contiguous()
+            # The send reads the buffer when the peer receives: a copy, so the caller may reuse it.
+            self._send(buf.clone() if buf.data_ptr() == t.data_ptr() else buf)
 
     def recv(self, timeout: float | None = None) -> tuple[dict, list[torch.Tensor]]:
         """The next message; raises DrafterError on a broken channel, a malformed message or after
         `timeout` seconds."""
+        for work, _ in self.sending:  # what we sent has been taken (its buffers are kept until then)
+            self._wait(lambda: work, timeout)
+        self.sending.clear()
         n = int(self._recv([1], torch.int64, timeout))
         if not 2 <= n <= 2 + MAX_TENSORS * (2 + MAX_NDIM):
             raise DrafterError(f"malformed message: {n} metadata entries")
@@ -82,7 +92,10 @@ class Channel:
         return header, [self._recv(shape, dtype, timeout) for dtype, shape in _tensor_specs(meta)]
 
     def _send(self, t: torch.Tensor) -> None:
-        self._wait(lambda: self.group.send([t], self.peer, 0), None)
+        try:
+            self.sending.append((self.group.send([t], self.peer, 0), t))
+        except RuntimeError as e:
+            raise DrafterError(f"drafter channel failed: {e}") from None
 
     def _recv(self, shape: list[int], dtype: torch.dtype, timeout: float | None) -> torch.Tensor:
         try:

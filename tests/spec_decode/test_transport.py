@@ -25,7 +25,7 @@ def pair():
 
 
 def exchange(send, receiver: Channel):
-    """What `receiver` makes of the message `send()` sends (a gloo send waits for its receiver)."""
+    """What `receiver` makes of the message `send()` sends."""
     got = {}
 
     def receive():
@@ -59,6 +59,20 @@ def test_headers_and_tensors_round_trip(pair):
     got, got_tensors = exchange(lambda: engine.send(header, tensors), drafter)
     assert got == header and SamplingParams(**got["seqs"][0][3]) == params
     assert all(torch.equal(a, b) for a, b in zip(got_tensors, tensors))
+
+
+def test_a_send_returns_before_the_peer_receives_and_keeps_its_own_copy(pair):
+    engine, drafter = pair
+    tensor = torch.arange(6.0)
+    sender = threading.Thread(target=lambda: engine.send({"op": "draft"}, [tensor]))
+    sender.start()
+    sender.join(5)
+    assert not sender.is_alive()  # a gloo send alone completes only once the peer receives
+    tensor.zero_()  # the caller may reuse its buffer at once
+    header, tensors = drafter.recv(10)
+    assert header == {"op": "draft"} and tensors[0].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    drafter.send({"ok": True})
+    assert engine.recv(10)[0] == {"ok": True} and engine.sending == []  # taken before receiving
 
 
 def test_a_pickle_is_refused_without_running_it(pair, tmp_path):
