@@ -16,6 +16,7 @@
 #include <array>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #ifndef __AVX512F__
 #error "small_gemm needs AVX-512F (minedraft/kernels/small_gemm.py builds it only where the CPU has it)"
@@ -134,32 +135,42 @@ constexpr auto block_table(std::integer_sequence<int, Rs...>) {
   return std::array<BlockFn<E, Source>, sizeof...(Rs)>{panel_block<E, Source, Rs + 1>...};
 }
 
-// y [M, n] = x [M, K] (contiguous) times the panels, chunk after chunk: `chunk(p, k0)` gives the
-// source (above) of panel p's terms from k0 on, the packed panels themselves or codes it decodes.
-// A chunk (8 KB of float32 panels) meets every row block before the next is read, so it comes from
-// L1 after the first; each row's sums come out as they would alone.
+// The loop every product shares: y [M, n] for x [M, K] (contiguous), panel after panel, each in
+// chunks of kChunk k terms, and each chunk (8 KB of float32 panels) meets every row block before the
+// next is read, so it comes from L1 after the first; each row's sums come out as they would alone.
+// `block(p, k0, kn, row, rows, index, nblocks)` multiplies rows [row, row + rows) (row block `index`
+// of `nblocks`) with panel p's terms [k0, k0 + kn).
+template <int MaxRows, typename Block>
+void for_each_block(int64_t M, int64_t K, int64_t n, Block block) {
+  const int64_t P = (n + kPanel - 1) / kPanel;
+  // Row blocks of equal size (16 rows: 8 + 8, not 12 + 4): a thin block does few FMAs per load.
+  const int64_t nblocks = (M + MaxRows - 1) / MaxRows;
+  const int64_t block_rows = (M + nblocks - 1) / nblocks;
+  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+        const int64_t kn = std::min(kChunk, K - k0);
+        for (int64_t row = 0; row < M; row += block_rows) {
+          block(p, k0, kn, row, std::min(block_rows, M - row), row / block_rows, nblocks);
+        }
+      }
+    }
+  });
+}
+
+// y [M, n] = x [M, K] times the panels: `chunk(p, k0)` gives the source (above) of panel p's terms
+// from k0 on, the packed panels themselves or codes it decodes.
 template <typename E, typename Chunk>
 void multiply(const at::Tensor& x, int64_t n, const float* bp, float* yp, Chunk chunk) {
   using Source = decltype(chunk(int64_t{0}, int64_t{0}));
   static constexpr auto blocks = block_table<E, Source>(std::make_integer_sequence<int, kMaxBlockRows>{});
-  const int64_t M = x.size(0), K = x.size(1), P = (n + kPanel - 1) / kPanel;
+  const int64_t M = x.size(0), K = x.size(1);
   const auto* xp = reinterpret_cast<const typename E::T*>(x.data_ptr());
-  // Row blocks of equal size (16 rows: 8 + 8, not 12 + 4): a thin block does few FMAs per load.
-  const int64_t nblocks = (M + kMaxBlockRows - 1) / kMaxBlockRows;
-  const int64_t block_rows = (M + nblocks - 1) / nblocks;
-  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t col = p * kPanel, cols = std::min(kPanel, n - col);
-      for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
-        const int64_t kn = std::min(kChunk, K - k0);
-        const Source w = chunk(p, k0);
-        for (int64_t row = 0; row < M; row += block_rows) {
-          const int64_t rows = std::min(block_rows, M - row);
-          blocks[rows - 1](xp + row * K + k0, K, kn, w, k0 == 0, bp ? bp + col : nullptr, yp + row * n + col, n,
-                           cols, row / block_rows, nblocks);
-        }
-      }
-    }
+  for_each_block<kMaxBlockRows>(M, K, n, [&](int64_t p, int64_t k0, int64_t kn, int64_t row, int64_t rows,
+                                             int64_t index, int64_t nblocks) {
+    const int64_t col = p * kPanel;
+    blocks[rows - 1](xp + row * K + k0, K, kn, chunk(p, k0), k0 == 0, bp ? bp + col : nullptr, yp + row * n + col, n,
+                     std::min(kPanel, n - col), index, nblocks);
   });
 }
 
@@ -207,6 +218,97 @@ struct Q8_0 {
     w1 = _mm512_mul_ps(d1, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))));
   }
 };
+
+#ifdef __AVX512BF16__
+// bfloat16 rows against Q4_1 codes. Decoding each weight to float32 and rounding it would cost more
+// than the float32 kernel's decoding; instead each block's sum is split as
+//   sum_k (d q_k + m) x_k = d * sum_k (128 + q_k) x_k + (m - 128 d) * sum_k x_k,
+// where 128 + q_k is a bfloat16 whose bits are 0x4300 | q_k (one OR, no conversion), multiplied by
+// the row's bfloat16 terms in the CPU's bfloat16 dot product (two k terms a lane), and sum_k x_k is
+// the row's block sum, once per product (`block_sums`). The weights are the codes' exact values, not
+// bfloat16 roundings of them. Codes for this: [P, K / 2, 32] uint8, byte 2j + t of pair h holding
+// k = 2h + t of column j (low nibble) and column j + 16 (high nibble), so that one byte-to-word
+// widening puts each column's two terms side by side in a lane.
+constexpr int kMaxCodedBF16Rows = 6;  // 4 accumulators a row + 6 registers of codes and terms <= 32
+
+template <int R>
+void q4_bf16_block(const at::BFloat16* x, int64_t ldx, const float* xsum, int64_t ldxs, int64_t kn,
+                   const uint8_t* codes, const at::Half* scales, bool first, const float* bias, float* y, int64_t ldy,
+                   int64_t cols) {
+  const __mmask16 mask0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
+  const __mmask16 mask1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
+  const __m512i low = _mm512_set1_epi16(0x000F), b128 = _mm512_set1_epi16(0x4300);
+  __m512 t0[R], t1[R];
+  for (int r = 0; r < R; ++r) t0[r] = t1[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < kn / 32; ++b) {
+    __m512 s0[R], s1[R];
+    for (int r = 0; r < R; ++r) s0[r] = s1[r] = _mm512_setzero_ps();
+    const uint8_t* c = codes + b * 32 * 16;
+    for (int h = 0; h < 16; ++h) {
+      if (h % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(c + h * 32 + kPrefetchBytes / 4), _MM_HINT_T1);
+      const __m512i q = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + h * 32)));
+      const __m512i w0 = _mm512_ternarylogic_epi32(q, low, b128, 0xEA);  // (q & 15) | 0x4300
+      const __m512i w1 = _mm512_or_si512(_mm512_srli_epi16(q, 4), b128);
+      for (int r = 0; r < R; ++r) {
+        const __m512 xr = BF16::broadcast(x + r * ldx + b * 32 + 2 * h);
+        s0[r] = BF16::madd(s0[r], xr, _mm512_castsi512_ps(w0));
+        s1[r] = BF16::madd(s1[r], xr, _mm512_castsi512_ps(w1));
+      }
+    }
+    const at::Half* sc = scales + b * 64;
+    const __m512 d0 = halves(sc), d1 = halves(sc + 16), minus128 = _mm512_set1_ps(-128.f);
+    const __m512 m0 = _mm512_fmadd_ps(minus128, d0, halves(sc + 32));
+    const __m512 m1 = _mm512_fmadd_ps(minus128, d1, halves(sc + 48));
+    for (int r = 0; r < R; ++r) {
+      const __m512 xs = _mm512_set1_ps(xsum[r * ldxs + b]);
+      t0[r] = _mm512_fmadd_ps(d0, s0[r], _mm512_fmadd_ps(m0, xs, t0[r]));
+      t1[r] = _mm512_fmadd_ps(d1, s1[r], _mm512_fmadd_ps(m1, xs, t1[r]));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const float* base = first ? bias : y + r * ldy;
+    const __m512 u0 = base ? _mm512_maskz_loadu_ps(mask0, base) : _mm512_setzero_ps();
+    const __m512 u1 = base ? _mm512_maskz_loadu_ps(mask1, base + 16) : _mm512_setzero_ps();
+    _mm512_mask_storeu_ps(y + r * ldy, mask0, _mm512_add_ps(u0, t0[r]));
+    _mm512_mask_storeu_ps(y + r * ldy + 16, mask1, _mm512_add_ps(u1, t1[r]));
+  }
+}
+
+using CodedBF16Fn = void (*)(const at::BFloat16*, int64_t, const float*, int64_t, int64_t, const uint8_t*,
+                             const at::Half*, bool, const float*, float*, int64_t, int64_t);
+
+template <int... Rs>
+constexpr auto coded_bf16_table(std::integer_sequence<int, Rs...>) {
+  return std::array<CodedBF16Fn, sizeof...(Rs)>{q4_bf16_block<Rs + 1>...};
+}
+
+// Each row's sums over its blocks of 32 terms, [M, K / 32] float32.
+std::vector<float> block_sums(const at::BFloat16* x, int64_t M, int64_t K) {
+  std::vector<float> sums(M * (K / 32));
+  for (int64_t i = 0; i < M * (K / 32); ++i) {
+    const __m256i* v = reinterpret_cast<const __m256i*>(x + i * 32);
+    const __m512 lo = _mm512_cvtpbh_ps(reinterpret_cast<__m256bh>(_mm256_loadu_si256(v)));
+    const __m512 hi = _mm512_cvtpbh_ps(reinterpret_cast<__m256bh>(_mm256_loadu_si256(v + 1)));
+    sums[i] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
+  }
+  return sums;
+}
+
+void multiply_q4_bf16(const at::Tensor& x, const uint8_t* codes, const at::Half* scales, int64_t n, const float* bp,
+                      float* yp) {
+  static constexpr auto blocks = coded_bf16_table(std::make_integer_sequence<int, kMaxCodedBF16Rows>{});
+  const int64_t M = x.size(0), K = x.size(1);
+  const auto* xp = reinterpret_cast<const at::BFloat16*>(x.data_ptr());
+  const std::vector<float> sums = block_sums(xp, M, K);
+  for_each_block<kMaxCodedBF16Rows>(M, K, n, [&](int64_t p, int64_t k0, int64_t kn, int64_t row, int64_t rows,
+                                                 int64_t, int64_t) {
+    const int64_t col = p * kPanel;
+    blocks[rows - 1](xp + row * K + k0, K, sums.data() + row * (K / 32) + k0 / 32, K / 32, kn,
+                     codes + (p * K + k0) * 16, scales + (p * K + k0) / 32 * 64, k0 == 0, bp ? bp + col : nullptr,
+                     yp + row * n + col, n, std::min(kPanel, n - col));
+  });
+}
+#endif
 
 bool bf16_supported() {
 #ifdef __AVX512BF16__
@@ -271,18 +373,23 @@ at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& panels, int64_t n, 
   }).to(at::kBFloat16);
 }
 
-// x [M, K] float32 (K a multiple of 32) times weights stored as block codes (above): codes
-// [ceil(n / 32), K, 16] uint8 (Q4_1) or [ceil(n / 32), K, 32] int8 (Q8_0), scales
-// [ceil(n / 32), K / 32, 2 or 1, 32] float16; bias [n] float32 or none. y float32.
+// x [M, K] float32 or bfloat16 (K a multiple of 32) times weights stored as block codes (above):
+// codes [ceil(n / 32), K, 16] uint8 (Q4_1) or [ceil(n / 32), K, 32] int8 (Q8_0), scales
+// [ceil(n / 32), K / 32, 2 or 1, 32] float16; bias [n] of x's type or none. y has x's type. For
+// bfloat16 x (on a CPU with AVX512-BF16): Q4_1 only, its codes in pairs ([P, K / 2, 32], above),
+// and y is the float32 sum rounded once.
 at::Tensor coded_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t n,
                       const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) % 32 == 0,
-              "coded_gemm: x must be [M, K] float32 with K a multiple of 32");
+  const auto type = x.scalar_type();
+  TORCH_CHECK(x.dim() == 2 && (type == at::kFloat || (type == at::kBFloat16 && bf16_supported())) &&
+                  x.size(1) % 32 == 0,
+              "coded_gemm: x must be [M, K] float32 (or bfloat16 on a CPU with AVX512-BF16) with K a multiple of 32");
   const int64_t K = x.size(1), P = codes.size(0);
   const bool q4 = codes.scalar_type() == at::kByte;
   TORCH_CHECK(codes.dim() == 3 && (q4 || codes.scalar_type() == at::kChar) && codes.size(1) == K &&
                   codes.size(2) == (q4 ? 16 : 32) && P * kPanel >= n && codes.is_contiguous(),
               "coded_gemm: codes must be [ceil(n / 32), K, 16] uint8 or [ceil(n / 32), K, 32] int8, contiguous");
+  TORCH_CHECK(type == at::kFloat || q4, "coded_gemm: bfloat16 rows need Q4_1 codes");
   TORCH_CHECK(scales.dim() == 4 && scales.scalar_type() == at::kHalf && scales.size(0) == P &&
                   scales.size(1) == K / 32 && scales.size(2) == (q4 ? 2 : 1) && scales.size(3) == kPanel &&
                   scales.is_contiguous(),
@@ -290,6 +397,14 @@ at::Tensor coded_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Te
   check_bias("coded_gemm", x, n, bias);
   const auto* sp = scales.data_ptr<at::Half>();
   const int64_t scale_size = K / 32 * scales.size(2) * kPanel;
+  if (type == at::kBFloat16) {
+    const uint8_t* cp = codes.data_ptr<uint8_t>();
+    return rows_within_limit(x, n, bias, [&](const at::Tensor& xc, const float* bp, float* yp) {
+#ifdef __AVX512BF16__
+      multiply_q4_bf16(xc, cp, sp, n, bp, yp);
+#endif
+    }).to(at::kBFloat16);
+  }
   return rows_within_limit(x, n, bias, [&](const at::Tensor& xc, const float* bp, float* yp) {
     if (q4) {
       const uint8_t* cp = codes.data_ptr<uint8_t>();

@@ -11,7 +11,9 @@ Float32 weights that a GGUF file's quantization produced (the bundled SmolLM2's:
 Q8_0 embedding) are exactly d * q + m in blocks of 32, with float16 d and m and small integers q.
 `pack` finds those codes (`block_codes`) and the kernel then decodes each panel chunk into L1
 (`coded_gemm`): the same float32 weights bit for bit and the same float32 products, from 0.625 or
-1.125 bytes a weight instead of 4. `MINEDRAFT_BLOCK_CODES=0` keeps the float32 panels.
+1.125 bytes a weight instead of 4. A bfloat16 model rounded from such float32 weights multiplies
+a few rows from the Q4_1 codes of the weights it came from (their exact values; `pack`'s `source`),
+in the CPU's bfloat16 dot product. `MINEDRAFT_BLOCK_CODES=0` keeps the panels only.
 """
 
 import ctypes
@@ -121,8 +123,8 @@ def applies(rows: int, dtype: torch.dtype, compiling: bool, coded: bool = False)
     GRAPH_MIN_ROWS (Inductor's own bfloat16 products are slower still above 4 rows), eagerly from
     one row, up to MAX_ROWS, or MAX_ROWS_BF16_AMX for bfloat16 where oneDNN has AMX. Block-coded
     weights from one row everywhere: anything else would stream the float32 weights."""
-    if compiling and not coded:
-        return GRAPH_MIN_ROWS <= rows <= MAX_ROWS
+    if compiling:
+        return (1 if coded else GRAPH_MIN_ROWS) <= rows <= MAX_ROWS
     return 1 <= rows <= (MAX_ROWS_BF16_AMX if dtype == torch.bfloat16 and _has_amx() else MAX_ROWS)
 
 
@@ -135,12 +137,13 @@ def packable(weight: torch.Tensor) -> bool:
                                              and bf16_supported())
 
 
-def pack(weight: torch.Tensor, out: torch.Tensor | None = None) -> Packed | None:
+def pack(weight: torch.Tensor, out: torch.Tensor | None = None, source: torch.Tensor | None = None) -> Packed | None:
     """`weight` ([K, N], the models' [in, out] layout) packed for the kernel, into `out` (flat, of
     its size) if given; None where the kernel does not apply (`packable`). bfloat16 panels hold
     each pair of adjacent k terms side by side ([P, K / 2, 32, 2], viewed as [P, K, 32]), the
     operand layout of the CPU's bfloat16 dot product. Float32 weights that are block codes
-    (`block_codes`) carry those too."""
+    (`block_codes`) carry those too; a bfloat16 weight carries the Q4_1 codes of `source`, the
+    float32 (or float64) weight it was rounded from, where that has them."""
     if not packable(weight):
         return None
     K, N = weight.shape
@@ -151,16 +154,23 @@ def pack(weight: torch.Tensor, out: torch.Tensor | None = None) -> Packed | None
     else:
         layout = padded.view(K // 2, 2, P, PANEL).permute(2, 0, 3, 1)
     panels = layout.contiguous() if out is None else out.view(layout.shape).copy_(layout)
-    codes = block_codes(weight) if weight.dtype == torch.float32 and codes_enabled() else None
+    codes = None
+    if codes_enabled():
+        if weight.dtype == torch.float32:
+            codes = block_codes(weight)
+        elif source is not None:
+            codes = block_codes(source.detach().float(), pairs=True)
     return Packed(panels.view(P, K, PANEL), weight, codes)
 
 
-def pack_in_order(weights: list[torch.Tensor]) -> list[Packed | None]:
-    """`pack` for each weight, their panels in one buffer per dtype, one after another in the
-    order given (the order a forward pass multiplies them). The kernel's requests ahead then run
-    on from one product into the next, and the memory sees one long stream rather than 121 short
-    ones: 0.986-0.987x the time of a one-row pass over the products, 0.975-0.977x where the buffer
-    also got huge pages (`scripts/panel_layout_probe.py`, docs/BENCHMARKS.md, 2026-12-03)."""
+def pack_in_order(weights: list[torch.Tensor], sources: list[torch.Tensor | None] | None = None) -> list[Packed | None]:
+    """`pack` for each weight (with its `source`, if given), their panels in one buffer per dtype,
+    one after another in the order given (the order a forward pass multiplies them). The kernel's
+    requests ahead then run on from one product into the next, and the memory sees one long stream
+    rather than 121 short ones: 0.986-0.987x the time of a one-row pass over the products,
+    0.975-0.977x where the buffer also got huge pages (`scripts/panel_layout_probe.py`,
+    docs/BENCHMARKS.md, 2026-12-03)."""
+    sources = sources or [None] * len(weights)
     # Panels hold ceil(N / 32) * 32 * K elements, a multiple of 32: each stays 64-byte aligned.
     # Block codes, where a weight has them, lie apart.
     sizes = [-(-w.shape[1] // PANEL) * PANEL * w.shape[0] if packable(w) else 0 for w in weights]
@@ -169,7 +179,7 @@ def pack_in_order(weights: list[torch.Tensor]) -> list[Packed | None]:
         mine = [i for i, w in enumerate(weights) if sizes[i] and w.dtype == dtype]
         buffer = _huge_page_buffer(sum(sizes[i] for i in mine), dtype)
         for i, start in zip(mine, itertools.accumulate((sizes[i] for i in mine), initial=0)):
-            packs[i] = pack(weights[i], buffer[start : start + sizes[i]])
+            packs[i] = pack(weights[i], buffer[start : start + sizes[i]], sources[i])
     return packs
 
 
@@ -218,19 +228,24 @@ def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) ->
     return torch.ops.minedraft_kernels.small_gemm(x, packed.panels, packed.dense.shape[1], bias)
 
 
-def block_codes(weight: torch.Tensor) -> Codes | None:
+def block_codes(weight: torch.Tensor, pairs: bool = False) -> Codes | None:
     """`weight` ([K, N] float32) as the kernel's block codes where every value is exactly one of
     GGUF's: per column, in blocks of 32 k terms, d * q + m with float16 d, m and q in 0..15 (Q4_1),
     or d * q with q in -128..127 (Q8_0). Returns (codes, scales), [P, K, 16] uint8 or [P, K, 32]
     int8 and [P, K / 32, 2 or 1, 32] float16 (small_gemm.cpp); None where any value is not, which a
-    sample of columns tells at once for weights that were never quantized."""
+    sample of columns tells at once for weights that were never quantized. `pairs`: the layout
+    bfloat16 rows read, k terms side by side in pairs (Q4_1 only; Q8_0 weights give None)."""
     K, N = weight.shape
     if K % 32 or N == 0:
         return None
     sample = weight[:, :PANEL]
-    for levels in (16, 256):
+    for levels in (16,) if pairs else (16, 256):
         if _fit(sample, levels) is not None and (fit := _fit(weight, levels)) is not None:
-            return Codes(*_layout(*fit, levels))
+            codes, scales = _layout(*fit, levels)
+            if pairs:  # [P, K, 16] -> [P, K / 2, 16, 2]: byte 2j + t of pair h is k = 2h + t
+                P = codes.shape[0]
+                codes = codes.view(P, K // 2, 2, 16).transpose(2, 3).contiguous().view(P, K, 16)
+            return Codes(codes, scales)
     return None
 
 

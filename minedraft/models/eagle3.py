@@ -106,9 +106,9 @@ class Eagle3Head(nn.Module):
         previous position."""
         return self.layer(self.embed[input_ids], self.features(features), lambda x: self.attn(x, rope))
 
-    def pack(self, keep_dense: bool) -> None:
+    def pack(self, keep_dense: bool, exact: dict[str, torch.Tensor] | None = None) -> None:
         """Pack every linear weight for oneDNN (on CPU; see `pack_for_cpu`)."""
-        pack_linears(self, keep_dense)
+        pack_linears(self, keep_dense, exact)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary only (`draft_to_target` maps its ids to the target's):

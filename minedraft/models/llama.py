@@ -81,17 +81,22 @@ def cpu_packing_supported(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def pack_for_cpu(model: nn.Module, dtype: torch.dtype, device: torch.device, compiled: bool) -> None:
+def pack_for_cpu(model: nn.Module, dtype: torch.dtype, device: torch.device, compiled: bool,
+                 exact: dict[str, torch.Tensor] | None = None) -> None:
     """Hand every linear weight of a loaded model (its `pack(keep_dense)`) to oneDNN where this CPU
     supports it. Float32 keeps the dense [in, out] copy too: one row streams it faster than the
-    packed one; a model that also runs compiled graphs keeps it in any dtype (they multiply it)."""
+    packed one; a model that also runs compiled graphs keeps it in any dtype (they multiply it).
+    `exact`: the float32 (or float64) weights, by name, that a bfloat16 model was rounded from (their
+    block codes, where they have them, multiply a few rows: `small_gemm.pack`)."""
     if device.type == "cpu" and cpu_packing_supported(dtype):
-        model.pack(keep_dense=dtype == torch.float32 or compiled)
+        model.pack(keep_dense=dtype == torch.float32 or compiled, exact=exact)
 
 
-def pack_linears(model: nn.Module, keep_dense: bool) -> None:
-    linears = [m for m in model.modules() if isinstance(m, Linear)]  # in the order a forward pass calls them
-    for module, small in zip(linears, small_gemm.pack_in_order([m.weight for m in linears])):
+def pack_linears(model: nn.Module, keep_dense: bool, exact: dict[str, torch.Tensor] | None = None) -> None:
+    # In the order a forward pass calls them.
+    named = [(n, m) for n, m in model.named_modules() if isinstance(m, Linear)]
+    sources = [(exact or {}).get(f"{n}.weight") for n, _ in named]
+    for (_, module), small in zip(named, small_gemm.pack_in_order([m.weight for _, m in named], sources)):
         module.pack(keep_dense, small)
 
 
@@ -213,11 +218,11 @@ class Decoder(nn.Module):
         self.draft_vocab = None if args.draft_vocab_size is None else nn.Buffer(
             torch.empty(args.draft_vocab_size, dtype=torch.long))
 
-    def pack(self, keep_dense: bool) -> None:
-        """Pack every linear weight for oneDNN (on CPU). Where the LM head's dense copy goes, a tied
-        embedding keeps its own."""
+    def pack(self, keep_dense: bool, exact: dict[str, torch.Tensor] | None = None) -> None:
+        """Pack every linear weight for oneDNN (on CPU; see `pack_for_cpu`). Where the LM head's
+        dense copy goes, a tied embedding keeps its own."""
         tied = self.lm_head.weight.detach() if self.embed is None else None
-        pack_linears(self, keep_dense)
+        pack_linears(self, keep_dense, exact)
         if tied is not None and self.lm_head.weight is None:
             self.embed = nn.Parameter(tied.t().contiguous(), requires_grad=False)
 

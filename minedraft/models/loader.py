@@ -173,13 +173,17 @@ def load_model(
         state = fuse_hf_state_dict(args, tensors)
     except KeyError as e:
         raise ValueError(f"checkpoint {str(folder)!r} is missing tensor {e.args[0]!r}") from None
+    # A bfloat16 model on CPU multiplies a few rows from the block codes of the wider weights it is
+    # rounded from, where those are a GGUF quantization's (`small_gemm.pack`).
+    exact = {k: v for k, v in state.items() if v.dtype in (torch.float32, torch.float64) and v.dim() == 2} \
+        if dtype == torch.bfloat16 and device.type == "cpu" else None
     state = {k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype).contiguous()
              for k, v in state.items() if v is not embedding}
     if args.shared_embedding:  # shared, not copied, when already in the right dtype and place
         state["embed"] = embedding.to(device=device, dtype=dtype)
     model.load_state_dict(state, strict=True, assign=True)
     model.eval().requires_grad_(False)
-    pack_for_cpu(model, dtype, device, compiled)
+    pack_for_cpu(model, dtype, device, compiled, exact)
     return model
 
 

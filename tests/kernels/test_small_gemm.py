@@ -347,6 +347,50 @@ def test_block_coded_weights_give_the_float32_products_bit_for_bit(kind, k, n):
         assert torch.equal(limited[:3], got[:3]) and not limited[3:].any()
 
 
+@needs_bf16
+@pytest.mark.parametrize("k,n", [(32, 1), (64, 97), (576, 960), (1536, 65)])
+def test_bf16_rows_multiply_the_exact_q4_1_weights(k, n):
+    """A bfloat16 weight rounded from Q4_1 codes carries those codes (in pairs of k terms), and a
+    few bfloat16 rows multiply the codes' exact values: within bfloat16's unit roundoff of the
+    exact product, the same for a row in any product, zeros past the padding limit."""
+    torch.manual_seed(k + n)
+    w = gguf_dequantized(torch.randn(k, n) * 0.1 + 0.02, "q4_1")
+    if n > 1:
+        w[:32, 0] = 0  # a constant block: d = 0
+    packed = small_gemm.pack(w.bfloat16(), source=w)
+    assert packed.codes.codes.dtype == torch.uint8 and packed.codes.codes.shape == (-(-n // 32), k, 16)
+    b = torch.randn(n, dtype=torch.bfloat16)
+
+    def coded(x, bias=None):
+        return torch.ops.minedraft_kernels.coded_gemm(x, *packed.codes, n, bias)
+
+    one_hot = coded(torch.eye(k, dtype=torch.bfloat16)[:16])
+    assert ((one_hot.double() - w[:16].double()).abs() <= w[:16].double().abs() * 2 ** -8 + 1e-6).all()
+    x = torch.randn(13, k, dtype=torch.bfloat16)
+    exact = x.double() @ w.double() + b.double()
+    for m in (1, 5, 6, 7, 13):
+        got = coded(x[:m], b)
+        assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+        err = (got.double() - exact[:m]).abs()
+        assert (err <= exact[:m].abs() * 2 ** -8 + 1e-5 * k ** 0.5).all(), err.max()
+        assert torch.equal(got, coded(x, b)[:m])
+    with small_gemm.padding_after(3):
+        limited = coded(x, b)
+    assert torch.equal(limited[:3], coded(x[:3], b)) and not limited[3:].any()
+
+
+@needs_bf16
+def test_bf16_weights_carry_codes_only_from_a_q4_1_source():
+    """No source, a Q8_0 source or one that was never quantized: bfloat16 panels only."""
+    w = torch.randn(64, 40) * 0.1
+    assert small_gemm.pack(w.bfloat16()).codes is None
+    for source in (gguf_dequantized(w, "q8_0"), w):
+        assert small_gemm.pack(source.bfloat16(), source=source).codes is None
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="bfloat16 rows need Q4_1 codes"):
+        torch.ops.minedraft_kernels.coded_gemm(x, *small_gemm.block_codes(gguf_dequantized(w, "q8_0")), 40, None)
+
+
 @needs_kernel
 def test_products_of_a_few_rows_read_the_codes(monkeypatch):
     """Up to CODED_MAX_ROWS rows the product decodes the codes; more read the float32 panels."""
@@ -431,11 +475,42 @@ def test_a_gguf_models_greedy_output_is_the_float32_panels(tiny_gguf_llama, tiny
     assert plain == coded
 
 
+@needs_bf16
+def test_a_bf16_gguf_model_multiplies_a_few_rows_from_the_codes(tiny_gguf_llama):
+    """Loaded in bfloat16, a model whose float32 weights are Q4_1 codes keeps those codes (its Q8_0
+    LM head: panels), takes one-row products from them, and gives logits as close to the float32
+    model's as bfloat16 panels do."""
+    def logits(dtype):
+        with LLM(str(tiny_gguf_llama), dtype=dtype, max_num_seqs=2, max_model_len=64, enforce_eager=True) as llm:
+            runner = llm.engine.runner
+            linears = [m for m in runner.model.modules() if isinstance(m, Linear)]
+            slot = runner.cache.allocate()
+            runner.forward([Row(slot, list(range(3, 13)))])
+            with torch.profiler.profile() as prof:
+                out = runner.forward([Row(slot, [6], 1)]).double()
+            calls = sum(e.name == "minedraft_kernels::coded_gemm" for e in prof.events())
+            return out, linears, calls
+
+    reference = logits("float32")[0]
+    coded, linears, calls = logits("bfloat16")
+    assert [m.small.codes is not None for m in linears] == [True] * (len(linears) - 1) + [False]
+    assert calls == len(linears) - 1
+    os.environ["MINEDRAFT_BLOCK_CODES"] = "0"
+    try:
+        plain, linears, calls = logits("bfloat16")
+    finally:
+        del os.environ["MINEDRAFT_BLOCK_CODES"]
+    assert calls == 0 and all(m.small.codes is None for m in linears)
+    assert (coded - reference).abs().max() <= 2 * (plain - reference).abs().max() + 1e-3
+
+
 @needs_kernel
-def test_compiled_graphs_call_the_coded_kernel_from_one_row(tiny_gguf_llama):
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=needs_bf16)])
+def test_compiled_graphs_call_the_coded_kernel_from_one_row(tiny_gguf_llama, dtype):
     """A one-token graph multiplies coded weights through the kernel (not Inductor's templates
-    over the float32 copy) and gives the eager path's logits."""
-    with LLM(str(tiny_gguf_llama), dtype="float32", max_num_seqs=2, max_model_len=64, compile_sizes=[1]) as llm:
+    over the dense copy) and gives the eager path's logits. (bfloat16: the Q8_0 LM head has no
+    codes for bfloat16 rows.)"""
+    with LLM(str(tiny_gguf_llama), dtype=dtype, max_num_seqs=2, max_model_len=64, compile_sizes=[1]) as llm:
         runner = llm.engine.runner
         slot = runner.cache.allocate()
         runner.forward([Row(slot, list(range(3, 13)))])
@@ -446,10 +521,13 @@ def test_compiled_graphs_call_the_coded_kernel_from_one_row(tiny_gguf_llama):
         runner.cache.truncate(slot, 10)
         assert runner.compiled.size_for(1) == 1 and not runner.compiled.failed
         assert sum(e.name == "minedraft_kernels::coded_gemm" for e in prof.events()) == \
-            4 * runner.model.args.num_layers + 1
+            4 * runner.model.args.num_layers + (dtype == "float32")
         runner.compiled.failed = True
         eager = runner.forward([Row(slot, [6], 1)])
-        torch.testing.assert_close(logits, eager, rtol=1e-5, atol=1e-5)
+        # (bfloat16: Inductor rounds its fused element-wise work once where eager rounds each op;
+        # within 4 units in the last place of the largest logit, as with bfloat16 panels.)
+        tolerance = 1e-5 if dtype == "float32" else eager.abs().max().item() * 2 ** -5
+        torch.testing.assert_close(logits, eager, rtol=1e-5, atol=tolerance)
 
 
 def test_the_bundled_models_weights_stream_as_codes(smollm2):
