@@ -5,7 +5,11 @@ prints the median wall time per token, then profiles one more generation and pri
 the most self time, per generated token.
 
     taskset -c 0 .venv/bin/python scripts/step_profile.py [--dtype bfloat16] \
-        [--speculative-config '{"num_speculative_tokens": 3}']
+        [--speculative-config '{"num_speculative_tokens": 3}'] \
+        [--inductor-options '{"cpp.enable_kernel_profile": true}']
+
+`--inductor-options` adds to the options the graphs compile with (`compiled_forward.INDUCTOR_OPTIONS`);
+`cpp.enable_kernel_profile` lists each of a graph's own C++ kernels instead of one "CompiledFxGraph".
 """
 
 import argparse
@@ -17,6 +21,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from minedraft import LLM, SamplingParams
+from minedraft.engine import compiled_forward
 
 
 def main() -> None:
@@ -26,7 +31,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--inductor-options", type=json.loads, default={})
     args = parser.parse_args()
+    compiled_forward.INDUCTOR_OPTIONS.update(args.inductor_options)
     torch.set_num_threads(1)
     with LLM(max_num_seqs=1, dtype=args.dtype, speculative_config=args.speculative_config) as llm:
         chat = [[{"role": "user", "content": "Write a long story about a dragon."}]]

@@ -83,6 +83,23 @@ struct Panels {
   }
 };
 
+// A row block's chunk sums (a0[r], a1[r]: columns 0-15 and 16-31 of row r) added to y: to the bias
+// first at a panel's first chunk, else to what earlier chunks left there. The last panel's columns
+// past n are masked off.
+template <int R>
+void add_chunk_sums(const __m512* a0, const __m512* a1, bool first, const float* bias, float* y, int64_t ldy,
+                    int64_t cols) {
+  const __mmask16 m0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
+  const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
+  for (int r = 0; r < R; ++r) {  // y = bias + chunk sums, in order
+    const float* base = first ? bias : y + r * ldy;
+    const __m512 t0 = base ? _mm512_maskz_loadu_ps(m0, base) : _mm512_setzero_ps();
+    const __m512 t1 = base ? _mm512_maskz_loadu_ps(m1, base + 16) : _mm512_setzero_ps();
+    _mm512_mask_storeu_ps(y + r * ldy, m0, _mm512_add_ps(t0, a0[r]));
+    _mm512_mask_storeu_ps(y + r * ldy + 16, m1, _mm512_add_ps(t1, a1[r]));
+  }
+}
+
 // Rows x[0..R) against k terms [0, kn) of one panel chunk (kn <= kChunk, x starting at the chunk's
 // first term): 2R float32 accumulators, each weight vector got once per k step, their sums added to
 // y (float32, in L1; to the bias first, at the panel's first chunk). Summing K in chunks: with one
@@ -94,8 +111,6 @@ struct Panels {
 template <typename E, typename Source, int R>
 void panel_block(const typename E::T* x, int64_t ldx, int64_t kn, Source w, bool first, const float* bias, float* y,
                  int64_t ldy, int64_t cols, int64_t prefetch_phase, int64_t prefetch_every) {
-  const __mmask16 m0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
-  const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
   __m512 a0[R], a1[R];
   for (int r = 0; r < R; ++r) {
     a0[r] = _mm512_setzero_ps();
@@ -117,13 +132,7 @@ void panel_block(const typename E::T* x, int64_t ldx, int64_t kn, Source w, bool
       a1[r] = E::madd(a1[r], xr, w1);
     }
   }
-  for (int r = 0; r < R; ++r) {  // y = bias + chunk sums, in order
-    const float* base = first ? bias : y + r * ldy;
-    const __m512 t0 = base ? _mm512_maskz_loadu_ps(m0, base) : _mm512_setzero_ps();
-    const __m512 t1 = base ? _mm512_maskz_loadu_ps(m1, base + 16) : _mm512_setzero_ps();
-    _mm512_mask_storeu_ps(y + r * ldy, m0, _mm512_add_ps(t0, a0[r]));
-    _mm512_mask_storeu_ps(y + r * ldy + 16, m1, _mm512_add_ps(t1, a1[r]));
-  }
+  add_chunk_sums<R>(a0, a1, first, bias, y, ldy, cols);
 }
 
 template <typename E, typename Source>
@@ -235,8 +244,6 @@ template <int R>
 void q4_bf16_block(const at::BFloat16* x, int64_t ldx, const float* xsum, int64_t ldxs, int64_t kn,
                    const uint8_t* codes, const at::Half* scales, bool first, const float* bias, float* y, int64_t ldy,
                    int64_t cols) {
-  const __mmask16 mask0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
-  const __mmask16 mask1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
   const __m512i low = _mm512_set1_epi16(0x000F), b128 = _mm512_set1_epi16(0x4300);
   __m512 t0[R], t1[R];
   for (int r = 0; r < R; ++r) t0[r] = t1[r] = _mm512_setzero_ps();
@@ -265,13 +272,7 @@ void q4_bf16_block(const at::BFloat16* x, int64_t ldx, const float* xsum, int64_
       t1[r] = _mm512_fmadd_ps(d1, s1[r], _mm512_fmadd_ps(m1, xs, t1[r]));
     }
   }
-  for (int r = 0; r < R; ++r) {
-    const float* base = first ? bias : y + r * ldy;
-    const __m512 u0 = base ? _mm512_maskz_loadu_ps(mask0, base) : _mm512_setzero_ps();
-    const __m512 u1 = base ? _mm512_maskz_loadu_ps(mask1, base + 16) : _mm512_setzero_ps();
-    _mm512_mask_storeu_ps(y + r * ldy, mask0, _mm512_add_ps(u0, t0[r]));
-    _mm512_mask_storeu_ps(y + r * ldy + 16, mask1, _mm512_add_ps(u1, t1[r]));
-  }
+  add_chunk_sums<R>(t0, t1, first, bias, y, ldy, cols);
 }
 
 using CodedBF16Fn = void (*)(const at::BFloat16*, int64_t, const float*, int64_t, int64_t, const uint8_t*,

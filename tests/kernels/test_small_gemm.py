@@ -476,7 +476,7 @@ def test_a_gguf_models_greedy_output_is_the_float32_panels(tiny_gguf_llama, tiny
 
 
 @needs_bf16
-def test_a_bf16_gguf_model_multiplies_a_few_rows_from_the_codes(tiny_gguf_llama):
+def test_a_bf16_gguf_model_multiplies_a_few_rows_from_the_codes(tiny_gguf_llama, monkeypatch):
     """Loaded in bfloat16, a model whose float32 weights are Q4_1 codes keeps those codes (its Q8_0
     LM head: panels), takes one-row products from them, and gives logits as close to the float32
     model's as bfloat16 panels do."""
@@ -495,11 +495,8 @@ def test_a_bf16_gguf_model_multiplies_a_few_rows_from_the_codes(tiny_gguf_llama)
     coded, linears, calls = logits("bfloat16")
     assert [m.small.codes is not None for m in linears] == [True] * (len(linears) - 1) + [False]
     assert calls == len(linears) - 1
-    os.environ["MINEDRAFT_BLOCK_CODES"] = "0"
-    try:
-        plain, linears, calls = logits("bfloat16")
-    finally:
-        del os.environ["MINEDRAFT_BLOCK_CODES"]
+    monkeypatch.setenv("MINEDRAFT_BLOCK_CODES", "0")
+    plain, linears, calls = logits("bfloat16")
     assert calls == 0 and all(m.small.codes is None for m in linears)
     assert (coded - reference).abs().max() <= 2 * (plain - reference).abs().max() + 1e-3
 
