@@ -37,10 +37,13 @@ class LLM:
 
     def get_metrics(self) -> dict:
         """Speculative-decoding counters (vLLM definitions); all zero without speculation. With
-        num_speculative_tokens "auto", `draft_length` holds the controller's k and its inputs."""
-        metrics = self.engine.spec_metrics.as_dict()
-        if self.engine.draft_length is not None:
-            metrics["draft_length"] = self.engine.draft_length.as_dict()
+        num_speculative_tokens "auto", `draft_length` holds the controller's k and its inputs, and
+        what the proposer chose for itself (whether a model behind a prompt lookup drafts)."""
+        engine = self.engine
+        metrics = engine.spec_metrics.as_dict()
+        if engine.draft_length is not None:
+            choices = {} if engine.proposer is None else engine.proposer.choices()
+            metrics["draft_length"] = {**engine.draft_length.as_dict(), **choices}
         return metrics
 
     def generate(

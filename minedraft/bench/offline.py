@@ -80,6 +80,7 @@ def closed_loop(llm: LLM, prompts: list[list[int]], concurrency: int, params: Sa
         "mean_acceptance_length": metrics["mean_acceptance_length"] if metrics["num_drafts"] else None,
         "mean_draft_length": metrics["num_draft_tokens"] / metrics["num_drafts"] if metrics["num_drafts"] else None,
         "overlapped_share": metrics["num_overlapped_steps"] / steps if steps else 0.0,
+        "draft_length": llm.get_metrics().get("draft_length"),  # "auto": what it settled on
         **figures,
         "makespan_s": makespan,
         "outputs": {index[o.request_id]: o.outputs[0].token_ids for o in outs},

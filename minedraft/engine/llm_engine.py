@@ -138,7 +138,10 @@ class LLMEngine:
 
     def _controller(self) -> DraftLengthController | None:
         spec = self.config.speculative
-        if spec is None or spec.num_speculative_tokens != "auto":
+        auto = spec is not None and spec.num_speculative_tokens == "auto"
+        if self.proposer is not None:
+            self.proposer.adapt(auto)
+        if not auto:
             return None
         return DraftLengthController(parallel=self.batches is not None)
 

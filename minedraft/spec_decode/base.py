@@ -76,6 +76,14 @@ class Proposer:
         """How long the target's last verification took: about how long the drafter may work on
         handed-over prompts after its drafts are out without delaying the next ones."""
 
+    def adapt(self, on: bool) -> None:
+        """Whether draft lengths are "auto": the proposer may then also switch off, from live
+        timings, parts of itself that do not pay (LookupFirst: its model)."""
+
+    def choices(self) -> dict:
+        """What it chose for itself under "auto", for the metrics."""
+        return {}
+
     def close(self, graceful: bool = True) -> None:
         """Free the proposer's resources (a drafter process: stop it)."""
 

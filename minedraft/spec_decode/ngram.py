@@ -4,8 +4,9 @@ context (summaries, answers from a passage, code edits)."""
 
 import torch
 
-from minedraft.spec_decode.base import Proposer
 from minedraft.engine.sequence import Sequence
+from minedraft.spec_decode.base import Proposer
+from minedraft.spec_decode.gate import ModelGate
 from minedraft.sampling import Dist
 
 
@@ -56,12 +57,15 @@ class NgramProposer(Proposer):
 class LookupFirst(Proposer):
     """Prompt lookup in front of a model drafter: a row whose recent tokens occurred before takes
     the lookup's draft (no model pass, microseconds a row; where a reply copies from its prompt
-    often kept several tokens at a time), the other rows the model's. The model sees every token a row keeps either way (its
-    states through `accept_states`, its tokens when it next drafts), so skipping rounds is safe."""
+    often kept several tokens at a time), the other rows the model's, or with "auto" draft lengths
+    none while the model does not pay (spec_decode/gate.py). The model sees every token a row keeps
+    either way (its states through `accept_states`, its tokens when it next drafts), so skipping
+    rounds is safe."""
 
     def __init__(self, model: Proposer, lookup: NgramProposer):
         self.model, self.lookup = model, lookup
         self.aux_layers = model.aux_layers
+        self.gate: ModelGate | None = None
 
     def propose(
         self, seqs: list[Sequence], num_tokens: list[int], generators: list[torch.Generator | None],
@@ -69,11 +73,19 @@ class LookupFirst(Proposer):
     ) -> tuple[list[list[int]], list[Dist | None]]:
         looked, looked_dists = self.lookup.propose(seqs, num_tokens, generators)
         rest = [0 if d else n for d, n in zip(looked, num_tokens)]
-        if not any(rest):
+        if self.gate is not None:
+            self.gate.observe(seqs)
+        if not any(rest) or (self.gate is not None and not self.gate.choose(seqs)):
             return looked, looked_dists
         drafts, dists = self.model.propose(seqs, rest, generators, capacity)
         return ([d or m for d, m in zip(looked, drafts)],
                 [q if d else p for d, q, p in zip(looked, looked_dists, dists)])
+
+    def adapt(self, on: bool) -> None:
+        self.gate = ModelGate() if on else None
+
+    def choices(self) -> dict:
+        return {} if self.gate is None else {"model_gate": self.gate.as_dict()}
 
     def prefill(self, seqs: list[Sequence], ends: list[int]) -> None:
         self.model.prefill(seqs, ends)

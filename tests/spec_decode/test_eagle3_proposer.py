@@ -90,9 +90,10 @@ PLACEMENTS = [{}, {"draft_device": "cpu"}, {"parallel": True}, {"num_speculative
               {"tetris": True, "tetris_extra_proposals": 2}, {"parallel": True, "tetris": True},
               {"prompt_lookup_first": True, "prompt_lookup_min": 1},
               {"parallel": True, "prompt_lookup_first": True, "prompt_lookup_min": 1},
+              {"prompt_lookup_first": True, "prompt_lookup_min": 1, "num_speculative_tokens": "auto"},
               {"parallel": True, "prefill_on_drafter": True}]
 IDS = ["sd", "sd-remote", "psd", "sd-auto", "sd-tetris", "psd-tetris", "sd-lookup-first", "psd-lookup-first",
-       "psd-prefill-on-drafter"]
+       "sd-lookup-first-auto", "psd-prefill-on-drafter"]
 
 
 @pytest.mark.parametrize("chunk", [None, 4], ids=["whole-prompts", "chunks-of-4"])
@@ -111,6 +112,8 @@ def test_greedy_eagle3_equals_ar(ar, tiny_llama, tiny_eagle3, placement, chunk):
         assert m["num_draft_tokens"] > 0 and m["drafter_failures"] == 0
         if placement.get("num_speculative_tokens") != "auto":
             assert 0 < m["acceptance_rate"] < 1  # both acceptance and rejection exercised
+        if placement.get("prompt_lookup_first") and placement.get("num_speculative_tokens") == "auto":
+            assert "model_gate" in m["draft_length"]  # the head drafts only while it pays
         if placement.get("prefill_on_drafter"):  # 6 prompts, 4 slots: later ones arrive beside streams
             assert m["num_prompts_prefilled_by_drafter"] >= 1
         assert sd.engine.runner.cache.num_free == 4

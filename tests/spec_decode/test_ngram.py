@@ -77,3 +77,18 @@ def test_lookup_agrees_with_the_definition_on_random_sequences():
         min_n = rng.randrange(1, 4)
         args = (tokens, min_n, rng.randrange(min_n, 6), rng.randrange(1, 6))
         assert lookup(*args) == brute_force_lookup(*args), args
+
+
+def test_lookup_first_under_auto_asks_the_model_only_while_its_gate_says_so():
+    model = FakeModel()
+    proposer = LookupFirst(model, NgramProposer(2, 3, 100, torch.float64))
+    assert proposer.choices() == {}  # a fixed k: the model drafts every row the lookup missed
+    proposer.adapt(True)
+    rows = [seq(0, [1, 2, 3, 1, 2]), seq(1, [4, 5, 6, 7])]
+    assert proposer.propose(rows, [3, 3], [None, None])[0] == [[3, 1, 2], [99, 99, 99]]  # first, the model
+    assert proposer.propose(rows, [3, 3], [None, None])[0] == [[3, 1, 2], []]  # then without it
+    assert model.asked == [[0, 3]]
+    assert proposer.propose(rows[:1], [3], [None])[0] == [[3, 1, 2]] and proposer.gate.rounds == 2  # no choice
+    assert set(proposer.choices()["model_gate"]) == {"model_drafts", "tokens_per_s"}
+    proposer.adapt(False)
+    assert proposer.gate is None

@@ -1,0 +1,68 @@
+"""With `"num_speculative_tokens": "auto"`, whether the model behind a prompt lookup drafts the rows
+the lookup found nothing for: only while that yields more tokens per second than leaving those
+rows undrafted.
+
+At one request in flight on a CPU the bundled EAGLE-3 head loses (docs/BENCHMARKS.md, "Which
+drafter pays at 1 in flight"): its drafts are kept too rarely to pay for its steps and the longer
+verifications, while the lookup alone, which costs microseconds, pays. Elsewhere (a better head, a
+GPU, more rows to share a step) the head pays. Rather than model every cost, the gate measures the
+thing it maximises: tokens emitted per second of wall clock, by arm (model on or off), over the
+rounds where the choice mattered (some row missed the lookup). It plays the better arm, and every
+`explore_every`-th such round the other, so a change in either is seen; switching the model back
+on costs its catch-up on the tokens it missed, which that round's time includes.
+
+A round runs from one proposal to the next over the same sequences; rounds where sequences
+joined or left are not measured (admissions, prefill and idle time would land in one arm only).
+The choice depends only on the past, never on the drafts being verified, so it keeps the output
+distribution exact.
+"""
+
+import time
+from collections.abc import Callable
+
+from minedraft.engine.sequence import Sequence
+
+
+class ModelGate:
+    def __init__(self, explore_every: int = 8, decay: float = 0.97,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.explore_every, self.decay, self.clock = explore_every, decay, clock
+        # Decayed sums of tokens emitted and seconds spent per arm (True: the model drafted).
+        self.tokens = {True: 0.0, False: 0.0}
+        self.seconds = {True: 0.0, False: 0.0}
+        self.rounds = 0  # rounds where the choice mattered
+        self.pending: tuple[bool, dict[int, int], float] | None = None  # arm, lengths by seq_id, start
+
+    def rate(self, arm: bool) -> float | None:
+        """Tokens per second measured for `arm` (None: not measured yet)."""
+        return self.tokens[arm] / self.seconds[arm] if self.seconds[arm] > 0 else None
+
+    def best(self) -> bool:
+        """The arm to play: the model first, then the other while unmeasured, then the quicker."""
+        on, off = self.rate(True), self.rate(False)
+        if on is None or off is None:
+            return on is None
+        return on >= off
+
+    def observe(self, seqs: list[Sequence]) -> None:
+        """A proposal for `seqs` begins: the round before it, if over the same sequences, is measured."""
+        now = self.clock()
+        if self.pending is not None:
+            arm, lengths, start = self.pending
+            if lengths.keys() == {s.seq_id for s in seqs} and now > start:
+                d = self.decay
+                self.tokens[arm] = d * self.tokens[arm] + sum(len(s) - lengths[s.seq_id] for s in seqs)
+                self.seconds[arm] = d * self.seconds[arm] + now - start
+        self.pending = None
+
+    def choose(self, seqs: list[Sequence]) -> bool:
+        """Whether the model drafts in this round of `seqs`, some of whose rows the lookup missed."""
+        self.rounds += 1
+        arm = self.best()
+        if self.rounds % self.explore_every == 0:
+            arm = not arm
+        self.pending = (arm, {s.seq_id: len(s) for s in seqs}, self.clock())
+        return arm
+
+    def as_dict(self) -> dict:
+        return {"model_drafts": self.best(), "tokens_per_s": {"model": self.rate(True), "lookup_alone": self.rate(False)}}

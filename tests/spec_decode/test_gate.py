@@ -1,0 +1,74 @@
+from minedraft.engine.sequence import Sequence
+from minedraft.sampling import SamplingParams
+from minedraft.spec_decode.gate import ModelGate
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def seqs(n: int) -> list[Sequence]:
+    return [Sequence(i, "", 0, None, [1, 2], SamplingParams(), None, None) for i in range(n)]
+
+
+def run_rounds(gate: ModelGate, clock: Clock, rows: list[Sequence], rounds: int, on: tuple[float, int],
+               off: tuple[float, int]) -> list[bool]:
+    """Rounds where the model's arm takes on = (seconds, tokens emitted) and the other off."""
+    arms = []
+    for _ in range(rounds):
+        gate.observe(rows)
+        arm = gate.choose(rows)
+        seconds, tokens = on if arm else off
+        clock.now += seconds
+        rows[0].output_token_ids += [3] * tokens
+        arms.append(arm)
+    return arms
+
+
+def test_the_gate_plays_the_quicker_arm_and_explores_the_other():
+    clock = Clock()
+    gate = ModelGate(explore_every=8, clock=clock)
+    rows = seqs(2)
+    # The model: 5 tokens in 30 ms; without it 2 in 10 ms (1.2x quicker).
+    arms = run_rounds(gate, clock, rows, 80, on=(0.030, 5), off=(0.010, 2))
+    assert arms[:2] == [True, False]  # each arm is measured first
+    assert not gate.best() and gate.rate(False) > gate.rate(True)
+    assert arms[8:].count(True) == 9  # from there on the model drafts only every 8th round
+    # The model gets better (8 tokens in 20 ms): its next exploration finds it, and it stays on.
+    arms = run_rounds(gate, clock, rows, 40, on=(0.020, 8), off=(0.010, 2))
+    assert gate.best() and arms[-7:].count(True) >= 6
+
+
+def test_rounds_where_sequences_came_or_went_are_not_measured():
+    clock = Clock()
+    gate = ModelGate(clock=clock)
+    rows = seqs(3)
+    gate.observe(rows)
+    assert gate.choose(rows)
+    clock.now += 5.0  # say a prompt was prefilled, and a sequence finished
+    gate.observe(rows[:2])
+    assert gate.rate(True) is None and gate.pending is None
+    gate.choose(rows[:2])
+    clock.now += 0.5
+    rows[0].output_token_ids += [3, 3]
+    gate.observe(rows[:2])
+    assert gate.rate(True) == 4.0  # 2 tokens in 0.5 s
+
+
+def test_a_round_without_a_choice_is_not_measured():
+    """Every row took the lookup's draft: the model was not asked either way."""
+    clock = Clock()
+    gate = ModelGate(clock=clock)
+    rows = seqs(1)
+    gate.observe(rows)
+    gate.choose(rows)
+    clock.now += 1.0
+    gate.observe(rows)  # measured (0 tokens in 1 s); no choice follows
+    clock.now += 1.0
+    rows[0].output_token_ids += [3] * 5
+    gate.observe(rows)
+    assert gate.rate(True) == 0.0 and gate.rounds == 1
