@@ -60,6 +60,7 @@ class LLMEngine:
         layers = () if self.proposer is None else self.proposer.aux_layers
         self.runner.warm_up("compiling the target", **({"aux_layers": layers} if layers else {}))
         self.batches = BatchManager() if self.proposer is not None and spec.parallel else None
+        self.asked_k = [0, 0]  # psd: the draft length each sub-batch's drafts in flight were asked for
         self.overlap = OverlapPolicy() if self.batches is not None and spec.overlap == "auto" else None
         self.draft_length = self._controller()
         self.trace: list[dict] | None = [] if config.trace else None
@@ -323,11 +324,15 @@ class LLMEngine:
                 self.proposer.accept_states(seq, start, rows[: max(0, len(seq) - 1 - start)])
 
     def _draft_len(self, seq: Sequence) -> int:
-        """Drafts to make: k (plus TETRIS's extra proposals), less near the end: a round emits at
-        most one token more than it drafts and must fit in the context."""
-        room = min(seq.params.max_tokens - len(seq.output_token_ids), self.config.max_model_len - len(seq))
+        """Drafts to make: k plus TETRIS's extra proposals, fewer near the end (`_room`)."""
         k = self._k()
-        return max(0, min(k + self._extra() if k else 0, room - 1))
+        return self._room(seq, k + self._extra() if k else 0)
+
+    def _room(self, seq: Sequence, k: int) -> int:
+        """Up to k drafts, as many as fit: a round emits at most one token more than it drafts and
+        must stay within max_tokens and the context."""
+        room = min(seq.params.max_tokens - len(seq.output_token_ids), self.config.max_model_len - len(seq))
+        return max(0, min(k, room - 1))
 
     def _k(self) -> int:
         return self.config.speculative.num_speculative_tokens if self.draft_length is None else self.draft_length.k
@@ -351,7 +356,7 @@ class LLMEngine:
         end = time.time()
         self._drafted(drafts, start, end)
         self._event("draft", 0, len(seqs), start, end)
-        self._verify(seqs, drafts, dists, 0, chunks)
+        self._verify(seqs, drafts, dists, 0, chunks, self._k())
         self.spec_metrics.num_steps += 1
 
     def _parallel_step(self, running: list[Sequence], chunks: list[tuple[Sequence, int]]) -> list[Sequence]:
@@ -363,21 +368,21 @@ class LLMEngine:
         x = batches.in_flight
         if x is None:  # nothing drafted yet (first step, or one sub-batch ran empty): no overlap
             x = 0 if batches.members(running, 0) else 1
-            self._submit(batches.members(running, x))
+            self._submit(batches.members(running, x), x)
         drafted = len(drafter.in_flight)
         drafts = drafter.collect()
         self._drafted([d for d, _ in drafts.values()], *drafter.last_span)
         self._event("draft", x, drafted, *drafter.last_span)
         others = batches.members(running, 1 - x)
         if others:
-            self._submit(others)
+            self._submit(others, 1 - x)
         batches.in_flight = 1 - x if others else None
         # Every sequence of the sub-batch may have gone while it was drafted (aborted): then
         # this step verifies nothing.
         verified = batches.members(running, x)
         drafted = [drafts.get(s.seq_id, ([], None)) for s in verified]
         if verified:
-            self._verify(verified, [d for d, _ in drafted], [q for _, q in drafted], x, chunks)
+            self._verify(verified, [d for d, _ in drafted], [q for _, q in drafted], x, chunks, self.asked_k[x])
         elif chunks:
             self._decode([], chunks)
         self.spec_metrics.num_steps += bool(verified)
@@ -414,14 +419,19 @@ class LLMEngine:
         if self.overlap is not None and drafts:
             self.overlap.observe_draft(len(drafts), end - start)
 
-    def _submit(self, seqs: list[Sequence]) -> None:
+    def _submit(self, seqs: list[Sequence], group: int) -> None:
+        self.asked_k[group] = self._k()
         self.proposer.submit(seqs, [self._draft_len(s) for s in seqs], self._capacity(seqs))
 
     def _verify(self, seqs: list[Sequence], drafts: list[list[int]], dists: list[Dist | None],
-                group: int, chunks: list[tuple[Sequence, int]]) -> None:
-        """One target pass over every row's drafts (and the step's prompt chunks); keep what
-        rejection sampling accepts."""
+                group: int, chunks: list[tuple[Sequence, int]], k: int) -> None:
+        """One target pass over every row's drafts, drafted at length k (and the step's prompt
+        chunks); keep what rejection sampling accepts."""
         start = time.time()
+        # For "auto": a row given fewer drafts than asked (a prompt lookup that found nothing, a
+        # gated model, a TETRIS cut) counts as drafting them all with the missing ones rejected, as
+        # no token came of them: the controller weighs what asking for k yields, not what a draft does.
+        asked = [max(len(d), self._room(s, k)) for s, d in zip(seqs, drafts)]
         gens = [self._sampling_generator(s) for s in seqs]
         cache = self.runner.cache
         rows = [Row(s.slot, s.tokens_from(cache.lengths[s.slot]) + d, len(d) + 1) for s, d in zip(seqs, drafts)]
@@ -444,7 +454,7 @@ class LLMEngine:
         end = time.time()
         self.proposer.observe_verify(end - start)
         if self.draft_length is not None and not chunks:
-            self.draft_length.observe_verify(end - start, max(drafted), list(zip(drafted, accepted)))
+            self.draft_length.observe_verify(end - start, k, list(zip(asked, accepted)))
         if self.overlap is not None:
             self.overlap.observe_verify(sum(drafted) + len(seqs) + sum(n for _, n in chunks), end - start)
         self._event("verify", group, len(seqs), start, end, drafted=drafted, accepted=accepted,

@@ -12,14 +12,15 @@ class DraftLengthController:
     a plain decode step over every running sequence) when speculation does not pay.
 
     Measured live, as exponential moving averages over recent steps:
-      acceptance per draft position j: of the rows whose drafts reached position j (drafted that
-                 far, every earlier draft accepted), the share that kept draft j. Positions past
+      acceptance per draft position j: of the rows whose drafts reached position j (asked for that
+                 many, every earlier draft accepted), the share that kept draft j; a draft asked
+                 for and not made (a prompt lookup with no match) counts as rejected. Positions past
                  those measured take the last measured rate (minedraft.theory, which also gives
                  E[tokens per row](k) from these rates). A weak drafter's first token is accepted
                  far more often than its later ones; one rate for every position would overrate
                  long drafts.
       draft      seconds of one drafting step (one token for every row drafted).
-      verify(k)  seconds of a verification with k drafts per row, per k seen; a line through them
+      verify(k)  seconds of a verification of rows asked for k drafts, per k seen; a line through them
                  (or the one value, while only one k has been seen) predicts the others.
       rows(k)    sequences per step, with drafts and without (psd verifies one sub-batch per step,
                  a plain decode step takes them all).
@@ -59,8 +60,8 @@ class DraftLengthController:
             self.draft_s = self._ema(self.draft_s, seconds / steps)
 
     def observe_verify(self, seconds: float, k: int, rows: list[tuple[int, int]]) -> None:
-        """A verification of rows drafted with length k (0: a plain decode step) took `seconds`;
-        rows are (drafted, accepted) per sequence."""
+        """A verification of rows asked for k drafts (0: a plain decode step) took `seconds`; rows
+        are (drafted, accepted) per sequence, drafts asked for and not made counted as drafted."""
         self.verify_s[k] = self._ema(self.verify_s.get(k), seconds)
         self.rows[k > 0] = self._ema(self.rows[k > 0], len(rows))
         tried, taken = count_by_position(rows)

@@ -288,6 +288,28 @@ def test_greedy_ngram_drafting_equals_ar(ar, tiny_llama, k):
     assert m["acceptance_rate"] > 0 or k == "auto"  # auto may switch drafting off early here
 
 
+def test_auto_counts_drafts_asked_for_and_not_made_as_rejected(tiny_llama, tiny_draft):
+    """A row the lookup found nothing for yields one token, not the draft's acceptance rate: the
+    controller must see the drafts it asked for as tried (and rejected), or it overrates k."""
+    spec = {"model": str(tiny_draft), **LOOKUP_FIRST, "num_speculative_tokens": "auto"}
+    with LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=96, speculative_config=spec,
+             trace=True) as sd:
+        controller = sd.engine.draft_length
+        seen, observe = [], controller.observe_verify
+        controller.observe_verify = lambda seconds, k, rows: (seen.append((k, rows)), observe(seconds, k, rows))
+        sd.generate([{"prompt_token_ids": p} for p in PROMPTS], greedy_params(), use_tqdm=False)
+    # The controller learns from verifications without prompt chunks, and from plain steps (k = 0).
+    verified = [e for e in sd.engine.trace if e["kind"] == "verify" and "prompt_tokens" not in e]
+    seen = [(k, rows) for k, rows in seen if k]
+    assert len(seen) == len(verified) > 0
+    short = 0
+    for (k, rows), e in zip(seen, verified):
+        assert [accepted for _, accepted in rows] == e["accepted"]
+        assert all(asked >= drafted for (asked, _), drafted in zip(rows, e["drafted"]))
+        short += sum(asked > drafted for (asked, _), drafted in zip(rows, e["drafted"]))
+    assert short > 0  # rows got fewer drafts than asked, and were counted at the length asked
+
+
 def test_ngram_drafting_keeps_the_targets_distribution(small_vocab_pair):
     """Lookup drafts are certain (q one-hot): kept with probability p(x), else the residual."""
     target, _ = small_vocab_pair
