@@ -265,7 +265,7 @@ def summarize(results: dict[tuple, list[dict]], args: argparse.Namespace) -> dic
             if key not in ("outputs", "trace", "e2e_s", "draft_length"):
                 row[key] = median_of(runs, key)
         row["e2e_s"] = [x for r in runs for x in r["e2e_s"]]  # every request of every repeat
-        row["draft_length"] = [r["draft_length"] for r in runs]  # each repeat's
+        row["draft_length"] = [r.get("draft_length") for r in runs]  # each repeat's (the hf peer has none)
         rows.append(row)
     by = {(r["mode"], r["k"], r["concurrency"]): r for r in rows}
     ar_outputs = {c: runs[0]["outputs"] for (m, _, c), runs in results.items() if m == "ar"}
