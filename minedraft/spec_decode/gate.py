@@ -9,12 +9,14 @@ GPU, more rows to share a step) the head pays. Rather than model every cost, the
 thing it maximises: tokens emitted per second of wall clock, by arm (model on or off), over the
 rounds where the choice mattered (some row missed the lookup). It plays the better arm, and every
 `explore_every`-th such round the other, so a change in either is seen; switching the model back
-on costs its catch-up on the tokens it missed, which that round's time includes.
+on costs its catch-up on the tokens it missed, which that round's time includes. In psd, drafting
+hidden behind verification costs nothing here, as it should.
 
-A round runs from one proposal to the next over the same sequences; rounds where sequences
-joined or left are not measured (admissions, prefill and idle time would land in one arm only).
-The choice depends only on the past, never on the drafts being verified, so it keeps the output
-distribution exact.
+A round runs from one proposal for a set of sequences to the next for the same set (psd alternates
+two sets); rounds where sequences joined or left are not measured (admissions and idle time would
+land in one arm only), nor rounds over `outlier` times the arm's mean (a waiting prompt's chunks
+rode on them). The choice depends only on the past, never on the drafts being verified, so it keeps
+the output distribution exact.
 """
 
 import time
@@ -24,14 +26,16 @@ from minedraft.engine.sequence import Sequence
 
 
 class ModelGate:
-    def __init__(self, explore_every: int = 8, decay: float = 0.97,
+    def __init__(self, explore_every: int = 8, decay: float = 0.97, outlier: float = 4.0,
                  clock: Callable[[], float] = time.perf_counter):
-        self.explore_every, self.decay, self.clock = explore_every, decay, clock
-        # Decayed sums of tokens emitted and seconds spent per arm (True: the model drafted).
+        self.explore_every, self.decay, self.outlier, self.clock = explore_every, decay, outlier, clock
+        # Decayed sums per arm (True: the model drafted): rounds measured, tokens emitted, seconds.
+        self.count = {True: 0.0, False: 0.0}
         self.tokens = {True: 0.0, False: 0.0}
         self.seconds = {True: 0.0, False: 0.0}
         self.rounds = 0  # rounds where the choice mattered
-        self.pending: tuple[bool, dict[int, int], float] | None = None  # arm, lengths by seq_id, start
+        # Rounds under way by set of sequences: arm, lengths by seq_id, start.
+        self.pending: dict[frozenset[int], tuple[bool, dict[int, int], float]] = {}
 
     def rate(self, arm: bool) -> float | None:
         """Tokens per second measured for `arm` (None: not measured yet)."""
@@ -45,15 +49,19 @@ class ModelGate:
         return on >= off
 
     def observe(self, seqs: list[Sequence]) -> None:
-        """A proposal for `seqs` begins: the round before it, if over the same sequences, is measured."""
+        """A proposal for `seqs` begins: the round before it over the same sequences, if any, ends."""
         now = self.clock()
-        if self.pending is not None:
-            arm, lengths, start = self.pending
-            if lengths.keys() == {s.seq_id for s in seqs} and now > start:
-                d = self.decay
-                self.tokens[arm] = d * self.tokens[arm] + sum(len(s) - lengths[s.seq_id] for s in seqs)
-                self.seconds[arm] = d * self.seconds[arm] + now - start
-        self.pending = None
+        round_ = self.pending.pop(frozenset(s.seq_id for s in seqs), None)
+        if round_ is None:
+            return
+        arm, lengths, start = round_
+        seconds = now - start
+        if seconds <= 0 or (self.count[arm] and seconds > self.outlier * self.seconds[arm] / self.count[arm]):
+            return
+        d = self.decay
+        self.count[arm] = d * self.count[arm] + 1
+        self.tokens[arm] = d * self.tokens[arm] + sum(len(s) - lengths[s.seq_id] for s in seqs)
+        self.seconds[arm] = d * self.seconds[arm] + seconds
 
     def choose(self, seqs: list[Sequence]) -> bool:
         """Whether the model drafts in this round of `seqs`, some of whose rows the lookup missed."""
@@ -61,7 +69,9 @@ class ModelGate:
         arm = self.best()
         if self.rounds % self.explore_every == 0:
             arm = not arm
-        self.pending = (arm, {s.seq_id: len(s) for s in seqs}, self.clock())
+        if len(self.pending) >= 2:  # psd's two sub-batches at most; an older set will not recur
+            del self.pending[next(iter(self.pending))]
+        self.pending[frozenset(s.seq_id for s in seqs)] = (arm, {s.seq_id: len(s) for s in seqs}, self.clock())
         return arm
 
     def as_dict(self) -> dict:

@@ -92,6 +92,7 @@ class RemoteDrafter(Proposer):
         self.to_hand: list[int] = []  # those of them not sent yet
         self.done: list[tuple[Sequence, Prefilled]] = []
         self.idle_s = 0.0  # the target's last verification: the drafter's time for handed-over prompts
+        self.adapting: bool | None = None  # "auto" set or unset, for the drafter's next message
         self.in_flight: list[Sequence] | None = None
         self.last_span: tuple[float, float] | None = None
         self.process = subprocess.Popen(command)
@@ -148,12 +149,21 @@ class RemoteDrafter(Proposer):
     def observe_verify(self, seconds: float) -> None:
         self.idle_s = seconds
 
+    def adapt(self, on: bool) -> None:
+        """Sent with the next message: the drafter's proposer adapts in its own process."""
+        self.adapting = on
+
+    def choices(self) -> dict:
+        return {} if self.in_flight is not None else self.stats()["choices"]
+
     def _update(self, op: str) -> tuple[dict, list[torch.Tensor]]:
         """A message's header with the queued releases, prompt chunks and prompts handed over, and
         the chunks' states."""
         handed = [(self.handed[i], len(self.handed[i].prompt_token_ids)) for i in self.to_hand]
         items, states = self._items(list(self.prefills.values()) + handed)
         header = {"op": op, "release": self.released, "prefill": items, "on_target": self.to_hand}
+        if self.adapting is not None:
+            header["adapt"], self.adapting = self.adapting, None
         self.released, self.prefills, self.to_hand = [], {}, []
         return header, states
 
@@ -243,7 +253,8 @@ class RemoteDrafter(Proposer):
         return None if self.in_flight is not None else self.stats()["free_slots"]
 
     def stats(self) -> dict:
-        """The idle drafter's free KV slots, the sequences it holds and their tokens it has been sent."""
+        """The idle drafter's free KV slots, the sequences it holds, their tokens it has been sent and
+        what its proposer chose for itself under "auto"."""
         if self.in_flight is not None:
             raise RuntimeError("the drafter is drafting; ask for its stats when it is idle")
         self._send({"op": "stats"})

@@ -98,12 +98,14 @@ class Drafter:
                 proposer.release(self.mirrors.pop(seq_id))
             if self.target is not None:
                 self.target.drop(seq_id)
+        if "adapt" in header:
+            proposer.adapt(header["adapt"])
         op = header["op"]
         if op == "stop":
             return False
         if op == "stats":
             self.send({"free_slots": proposer.free_slots(), "sequences": len(self.mirrors),
-                       "tokens": sum(len(seq) for seq in self.mirrors.values())})
+                       "tokens": sum(len(seq) for seq in self.mirrors.values()), "choices": proposer.choices()})
             return True
         start = time.time()
         items = header.get("prefill", []) + header.get("seqs", [])

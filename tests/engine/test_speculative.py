@@ -159,9 +159,10 @@ CHUNKED = {"max_num_batched_tokens": 30}  # 7.5 prompts of 4 tokens a step: one 
     ({}, {}), ({"parallel": True}, {}), ({"draft_device": "cpu"}, {}), ({"num_speculative_tokens": "auto"}, {}),
     ({"tetris": True, "tetris_extra_proposals": 2, "tetris_capacity": 40}, {}), ({}, CHUNKED),
     ({"parallel": True}, CHUNKED), (LOOKUP_FIRST, {}), ({"parallel": True, **LOOKUP_FIRST}, {}),
-    ({"num_speculative_tokens": "auto", **LOOKUP_FIRST}, {})],
+    ({"num_speculative_tokens": "auto", **LOOKUP_FIRST}, {}),
+    ({"parallel": True, "num_speculative_tokens": "auto", **LOOKUP_FIRST}, {})],
     ids=["sd", "psd", "sd-remote", "sd-auto", "sd-tetris", "sd-chunked", "psd-chunked", "sd-lookup-first",
-         "psd-lookup-first", "sd-lookup-first-auto"])
+         "psd-lookup-first", "sd-lookup-first-auto", "psd-lookup-first-auto"])
 def test_speculation_samples_the_targets_distribution(small_vocab_pair, placement, engine):
     """At temperature 1 the second token (the first one speculation produces) follows the target's
     exact distribution; the draft's own distribution is far from it, so a sampler that leaned on

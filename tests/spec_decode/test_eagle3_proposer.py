@@ -91,9 +91,10 @@ PLACEMENTS = [{}, {"draft_device": "cpu"}, {"parallel": True}, {"num_speculative
               {"prompt_lookup_first": True, "prompt_lookup_min": 1},
               {"parallel": True, "prompt_lookup_first": True, "prompt_lookup_min": 1},
               {"prompt_lookup_first": True, "prompt_lookup_min": 1, "num_speculative_tokens": "auto"},
+              {"parallel": True, "prompt_lookup_first": True, "prompt_lookup_min": 1, "num_speculative_tokens": "auto"},
               {"parallel": True, "prefill_on_drafter": True}]
 IDS = ["sd", "sd-remote", "psd", "sd-auto", "sd-tetris", "psd-tetris", "sd-lookup-first", "psd-lookup-first",
-       "sd-lookup-first-auto", "psd-prefill-on-drafter"]
+       "sd-lookup-first-auto", "psd-lookup-first-auto", "psd-prefill-on-drafter"]
 
 
 @pytest.mark.parametrize("chunk", [None, 4], ids=["whole-prompts", "chunks-of-4"])

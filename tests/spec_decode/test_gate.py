@@ -1,3 +1,5 @@
+import pytest
+
 from minedraft.engine.sequence import Sequence
 from minedraft.sampling import SamplingParams
 from minedraft.spec_decode.gate import ModelGate
@@ -51,7 +53,7 @@ def test_rounds_where_sequences_came_or_went_are_not_measured():
     assert gate.choose(rows)
     clock.now += 5.0  # say a prompt was prefilled, and a sequence finished
     gate.observe(rows[:2])
-    assert gate.rate(True) is None and gate.pending is None
+    assert gate.rate(True) is None
     gate.choose(rows[:2])
     clock.now += 0.5
     rows[0].output_token_ids += [3, 3]
@@ -72,3 +74,30 @@ def test_a_round_without_a_choice_is_not_measured():
     rows[0].output_token_ids += [3] * 5
     gate.observe(rows)
     assert gate.rate(True) == 0.0 and gate.rounds == 1
+
+
+def test_psds_two_sub_batches_are_measured_each_from_its_own_last_round():
+    clock = Clock()
+    gate = ModelGate(clock=clock)
+    a, b = seqs(4)[:2], seqs(4)[2:]
+    for group in (a, b, a):  # a's round runs from its proposal to its next, over b's
+        gate.observe(group)
+        gate.choose(group)
+        clock.now += 0.1
+        group[0].output_token_ids += [3] * 3
+    assert gate.rate(True) == pytest.approx(3 / 0.2)  # a's round: its 3 tokens over its step and b's
+
+
+def test_a_round_far_slower_than_its_arms_mean_is_not_measured():
+    """Say a waiting prompt's chunks rode on it: 30x a normal round."""
+    clock = Clock()
+    gate = ModelGate(explore_every=1000, decay=1.0, clock=clock)
+    gate.best = lambda: True  # the model's arm every round
+    rows = seqs(1)
+    for seconds in (0.01, 0.01, 0.3, 0.01, 0.03):
+        gate.observe(rows)
+        gate.choose(rows)
+        clock.now += seconds
+        rows[0].output_token_ids += [3]
+    gate.observe(rows)
+    assert gate.rate(True) == pytest.approx(4 / 0.06)  # 0.3 s left out; 0.03 s (3x) kept
