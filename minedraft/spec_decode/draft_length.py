@@ -22,8 +22,8 @@ class DraftLengthController:
       draft      seconds of one drafting step (one token for every row drafted).
       verify(k)  seconds of a verification of rows asked for k drafts, per k seen; a line through them
                  (or the one value, while only one k has been seen) predicts the others.
-      rows(k)    sequences per step, with drafts and without (psd verifies one sub-batch per step,
-                 a plain decode step takes them all).
+      rows(k)    sequences per step in psd, with drafts and without (psd verifies one sub-batch per
+                 step, a plain decode step takes them all); in sd every step takes them all.
     Step time: sd drafts then verifies, k * draft + verify(k); psd drafts one sub-batch while it
     verifies the other, max(verify(k), k * draft). The line for verify(k) runs through the k >= 1
     seen only (verify(0) is a plain step, in psd of twice the rows). Tokens per second:
@@ -108,6 +108,11 @@ class DraftLengthController:
         return max(1e-9, mean_v + max(0.0, slope) * (k - mean_k))
 
     def predicted_rows(self, k: int) -> float:
+        """Sequences a step of length k advances. Only psd's differ by k (a sub-batch, or both when
+        k = 0); sd's steps take every running sequence whatever k, so averages taken at different
+        times (as requests come and go) would only add noise."""
+        if not self.parallel:
+            return 1.0
         return self.rows[k > 0] or self.rows[k == 0] or 1.0
 
     def step_time(self, k: int) -> float:

@@ -104,6 +104,18 @@ def test_psd_weighs_a_plain_step_over_all_rows_against_a_sub_batch_verification(
     assert (c.best_k() > 0) == speculate
 
 
+def test_sd_weighs_k_by_time_alone_whatever_the_rows_when_each_was_measured():
+    # k = 1 was last measured with 8 sequences running, k = 0 once only 5 were left: every sd step
+    # takes all running sequences, so those counts must not tilt the choice (8 / 5 would favour k = 1).
+    c = DraftLengthController(parallel=False, explore_every=1000)
+    for _ in range(30):
+        c.observe_draft(0.001, 1)
+        c.observe_verify(0.05, 1, [(1, 0)] * 7 + [(1, 1)])  # 1.125 tokens a row in 51 ms
+    for _ in range(30):
+        c.observe_verify(0.04, 0, [(0, 0)] * 5)  # 1 token a row in 40 ms
+    assert c.predicted_rows(0) == c.predicted_rows(1) and c.best_k() == 0
+
+
 def test_explorations_grow_rarer_while_the_choice_holds():
     c = DraftLengthController(parallel=False, explore_every=8, max_interval=64)
     drafted_steps = []
