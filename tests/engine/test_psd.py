@@ -74,7 +74,7 @@ def test_greedy_psd_equals_ar_with_arrivals_and_an_abort(tiny_llama, tiny_draft,
         assert metrics["num_draft_tokens" if k == "auto" else "num_accepted_tokens"] > 0
         # Every slot is free again, in the target and in the drafter process.
         assert llm.engine.runner.cache.num_free == 4
-        assert llm.engine.proposer.stats() == {"free_slots": 4, "sequences": 0, "tokens": 0}
+        assert llm.engine.proposer.stats() == {"free_slots": 4, "sequences": 0, "tokens": 0, "choices": {}}
 
 
 def test_prompts_reach_the_drafter_at_admission_and_ride_beside_verification(tiny_llama, tiny_draft, expected):
@@ -85,9 +85,9 @@ def test_prompts_reach_the_drafter_at_admission_and_ride_beside_verification(tin
         long = engine.add_request(PROMPTS[4], greedy(LENGTHS[4]))  # 20 tokens: five chunks
         for chunk in range(1, 5):
             engine.step()
-            assert engine.proposer.stats() == {"free_slots": 3, "sequences": 1, "tokens": 4 * chunk}
+            assert engine.proposer.stats() == {"free_slots": 3, "sequences": 1, "tokens": 4 * chunk, "choices": {}}
         engine.step()  # the last chunk, and the first token: the first draft will send that token alone
-        assert engine.proposer.stats() == {"free_slots": 3, "sequences": 1, "tokens": 20}
+        assert engine.proposer.stats() == {"free_slots": 3, "sequences": 1, "tokens": 20, "choices": {}}
         short = engine.add_request(PROMPTS[0], greedy(LENGTHS[0]))
         done = {}
         while engine.has_unfinished():
@@ -246,7 +246,7 @@ def assert_all_free(llm, slots=4):
     assert not engine.has_unfinished() and not engine.requests
     assert engine.runner.cache.num_free == slots
     assert engine.batches is None or not engine.batches.group and engine.batches.in_flight is None
-    assert engine.proposer.stats() == {"free_slots": slots, "sequences": 0, "tokens": 0}
+    assert engine.proposer.stats() == {"free_slots": slots, "sequences": 0, "tokens": 0, "choices": {}}
 
 
 def test_aborting_every_request_being_drafted(tiny_llama, tiny_draft, expected):

@@ -76,7 +76,7 @@ def test_updates_prefill_at_once_and_stop_ends_the_loop():
     assert d.handle({"op": "update", "prefill": [item(1, [5, 6])]}, [])
     assert log == [("prefill", [1], [2])]
     assert d.handle({"op": "stats"}, [])
-    assert log[-1] == ("send", {"free_slots": None, "sequences": 1, "tokens": 2})
+    assert log[-1] == ("send", {"free_slots": None, "sequences": 1, "tokens": 2, "choices": {}})
     assert not d.handle({"op": "stop", "release": [1]}, [])
     assert log[-1] == ("release", 1)
 
