@@ -5,7 +5,7 @@ rows undrafted.
 At one request in flight on a CPU the bundled EAGLE-3 head loses (docs/BENCHMARKS.md, "Which
 drafter pays at 1 in flight"): its drafts are kept too rarely to pay for its steps and the longer
 verifications, while the lookup alone, which costs microseconds, pays. Elsewhere (a better head, a
-GPU, more rows to share a step) the head pays. Rather than model every cost, the gate measures the
+drafter on a GPU of its own) it may pay. Rather than model every cost, the gate measures the
 thing it maximises: tokens emitted per second of wall clock, by arm (model on or off), over the
 rounds where the choice mattered (some row missed the lookup). It plays the better arm, and every
 `explore_every`-th such round the other, so a change in either is seen; switching the model back
