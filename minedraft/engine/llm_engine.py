@@ -138,6 +138,8 @@ class LLMEngine:
         self.draft_length = self._controller()
 
     def _controller(self) -> DraftLengthController | None:
+        """The "auto" draft-length controller (None for a fixed k); the proposer is told which, as
+        under "auto" it may gate parts of itself too."""
         spec = self.config.speculative
         auto = spec is not None and spec.num_speculative_tokens == "auto"
         if self.proposer is not None:
@@ -428,10 +430,11 @@ class LLMEngine:
         """One target pass over every row's drafts, drafted at length k (and the step's prompt
         chunks); keep what rejection sampling accepts."""
         start = time.time()
-        # For "auto": a row given fewer drafts than asked (a prompt lookup that found nothing, a
-        # gated model, a TETRIS cut) counts as drafting them all with the missing ones rejected, as
-        # no token came of them: the controller weighs what asking for k yields, not what a draft does.
-        asked = [max(len(d), self._room(s, k)) for s, d in zip(seqs, drafts)]
+        learn = self.draft_length is not None and not chunks  # "auto" learns from this verification
+        # A row given fewer drafts than asked (a prompt lookup that found nothing, a gated model, a
+        # TETRIS cut) counts for "auto" as drafting them all with the missing ones rejected, as no
+        # token came of them: it weighs what asking for k yields. Taken before the rows grow.
+        asked = [max(len(d), self._room(s, k)) for s, d in zip(seqs, drafts)] if learn else []
         gens = [self._sampling_generator(s) for s in seqs]
         cache = self.runner.cache
         rows = [Row(s.slot, s.tokens_from(cache.lengths[s.slot]) + d, len(d) + 1) for s, d in zip(seqs, drafts)]
@@ -453,7 +456,7 @@ class LLMEngine:
         self._hand_states(seqs, states)
         end = time.time()
         self.proposer.observe_verify(end - start)
-        if self.draft_length is not None and not chunks:
+        if learn:
             self.draft_length.observe_verify(end - start, k, list(zip(asked, accepted)))
         if self.overlap is not None:
             self.overlap.observe_verify(sum(drafted) + len(seqs) + sum(n for _, n in chunks), end - start)

@@ -5,9 +5,9 @@ context (summaries, answers from a passage, code edits)."""
 import torch
 
 from minedraft.engine.sequence import Sequence
+from minedraft.sampling import Dist
 from minedraft.spec_decode.base import Proposer
 from minedraft.spec_decode.gate import ModelGate
-from minedraft.sampling import Dist
 
 
 def lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
