@@ -1,7 +1,8 @@
 """Probe: what "auto" draft lengths decide step by step. Chats N Spec-Bench prompts at once through
 the default drafter with `"num_speculative_tokens": "auto"` and prints, after every verification the
-controller learns from: k asked, sequences, seconds, the k it picks next, its acceptance by position,
-its verification time per k (ms) and its predicted tokens per second for k = 0..3.
+controller learns from: k asked, sequences, seconds, the best k for that many sequences, its acceptance
+by position, its verification time per k at that many (ms) and its predicted tokens per second for
+k = 0..3 there.
 Usage: .venv/bin/python scripts/auto_k_log.py [--prompts 16] [--max-num-seqs 8] [--tokens 64]"""
 
 import argparse
@@ -24,9 +25,10 @@ def main() -> None:
 
     def logged(c: DraftLengthController, seconds: float, k: int, rows: list[tuple[int, int]]) -> None:
         learn(c, seconds, k, rows)
-        rates = {j: round(c.predicted_rows(j) * c.expected_tokens(j) / c.step_time(j), 1) for j in range(4)}
-        print(k, len(rows), f"{seconds * 1e3:.1f}", c.k, [round(a, 2) for a in c.acceptance[:3]],
-              {j: round(v * 1e3, 1) for j, v in sorted(c.verify_s.items())}, rates, flush=True)
+        n = len(rows)
+        rates = {j: round(c.predicted_rows(j, n) * c.expected_tokens(j) / c.step_time(j, n), 1) for j in range(4)}
+        print(k, n, f"{seconds * 1e3:.1f}", c.best_k(n), [round(a, 2) for a in c.acceptance[:3]],
+              {j: round(v * 1e3, 1) for j, v in sorted(c.verify_s[n].items())}, rates, flush=True)
 
     DraftLengthController.observe_verify = logged
     with LLM(speculative_config={"num_speculative_tokens": "auto"}, max_num_seqs=args.max_num_seqs) as llm:

@@ -176,6 +176,8 @@ class LLMEngine:
             return self.output.request_outputs(self.requests, adopted)
         seqs, chunks = step.running, step.chunks
         start = time.perf_counter()
+        if self.draft_length is not None and seqs:
+            self.draft_length.plan(len(seqs))
         try:
             if self.proposer is None or not seqs:
                 self._decode(seqs, chunks)

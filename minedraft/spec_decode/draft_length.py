@@ -20,18 +20,21 @@ class DraftLengthController:
                  far more often than its later ones; one rate for every position would overrate
                  long drafts.
       draft      seconds of one drafting step (one token for every row drafted).
-      verify(k)  seconds of a verification of rows asked for k drafts, per k seen; a line through them
-                 (or the one value, while only one k has been seen) predicts the others.
-      rows(k)    sequences per step in psd, with drafts and without (psd verifies one sub-batch per
-                 step, a plain decode step takes them all); in sd every step takes them all.
+      verify(k, n) seconds of a verification of n rows asked for k drafts, per n and k: a step
+                 over many rows costs more than one over few, so times taken at different loads (as
+                 requests come and go) must not be compared. For the rows of the step being planned,
+                 each kind of step (plain, drafted) is looked up at the nearest n it was measured
+                 at; among the k >= 1 measured there a line (or the one value, while only one k has
+                 been seen) predicts the others.
+      rows(k)    sequences a step advances: every running one in sd; in psd a sub-batch, about half,
+                 with drafts, all of them in a plain step.
     Step time: sd drafts then verifies, k * draft + verify(k); psd drafts one sub-batch while it
-    verifies the other, max(verify(k), k * draft). The line for verify(k) runs through the k >= 1
-    seen only (verify(0) is a plain step, in psd of twice the rows). Tokens per second:
-    rows(k) * E[tokens per row](k) / step time(k). Now and then the next k is a neighbour of the
-    best, so verify(k) and the acceptance of the next position stay measured around the optimum
-    (and a drafter switched off at k = 0 is tried again; its catch-up on the tokens it missed
-    counts as drafting time): after `explore_every` steps, and twice as long after each
-    exploration that leaves the best k unchanged, up to `max_interval`.
+    verifies the other, max(verify(k), k * draft). Tokens per second: rows(k) * E[tokens per
+    row](k) / step time(k). Now and then the next k is a neighbour of the best, so verify(k) and
+    the acceptance of the next position stay measured around the optimum (and a drafter switched
+    off at k = 0 is tried again; its catch-up on the tokens it missed counts as drafting time):
+    after `explore_every` steps, and twice as long after each exploration that leaves the best k
+    unchanged, up to `max_interval`.
     """
 
     def __init__(self, parallel: bool, max_k: int = AUTO_MAX_K, start_k: int = 2, decay: float = 0.9,
@@ -47,9 +50,8 @@ class DraftLengthController:
         # four trials, decays away.
         self.tried, self.taken = [4.0], [2.0]
         self.draft_s: float | None = None
-        self.verify_s: dict[int, float] = {}
-        self.rows: dict[bool, float | None] = {False: None, True: None}  # k > 0 -> rows per step
-        self.steps = 0
+        self.verify_s: dict[int, dict[int, float]] = {}  # rows -> k -> seconds
+        self.steps = self.planned = 0  # verifications learned from; how many when k was last chosen
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else self.decay * old + (1 - self.decay) * new
@@ -62,13 +64,22 @@ class DraftLengthController:
     def observe_verify(self, seconds: float, k: int, rows: list[tuple[int, int]]) -> None:
         """A verification of rows asked for k drafts (0: a plain decode step) took `seconds`; rows
         are (drafted, accepted) per sequence, drafts asked for and not made counted as drafted."""
-        self.verify_s[k] = self._ema(self.verify_s.get(k), seconds)
-        self.rows[k > 0] = self._ema(self.rows[k > 0], len(rows))
+        by_k = self.verify_s.setdefault(len(rows), {})
+        by_k[k] = self._ema(by_k.get(k), seconds)
         tried, taken = count_by_position(rows)
         self.tried = [self.decay * old + new for old, new in zip_longest(self.tried, tried, fillvalue=0)]
         self.taken = [self.decay * old + new for old, new in zip_longest(self.taken, taken, fillvalue=0)]
         self.steps += 1
-        best = self.best_k()
+
+    def plan(self, running: int) -> int:
+        """The draft length for a step over `running` sequences: the best k for that many, or at
+        times a neighbour (an exploration). Chosen again only once a verification has been learned
+        from since the last choice (steps carrying prompt chunks are not), so an exploration holds
+        until it is measured."""
+        if self.steps == self.planned:
+            return self.k
+        self.planned = self.steps
+        best = self.best_k(running)
         if self.steps >= self.next_explore:
             # An exploration that finds the best k where the last one left it doubles the wait
             # before the next: a settled choice (k = 0 above all, after which the drafter must
@@ -79,6 +90,7 @@ class DraftLengthController:
             up = (self.explorations % 2 or best == 0) and best < self.max_k  # alternate, within 0..max_k
             best = best + 1 if up else best - 1
         self.k = best
+        return best
 
     @property
     def acceptance(self) -> list[float]:
@@ -94,12 +106,20 @@ class DraftLengthController:
     def expected_tokens(self, k: int) -> float:
         return expected_tokens_by_position(self.acceptance, k)
 
-    def predicted_verify(self, k: int) -> float:
-        """verify(0) as measured; for k >= 1 a least-squares line through the k >= 1 measured
-        (flat while one has been seen; from verify(0) while none has)."""
-        if k == 0 and 0 in self.verify_s:
-            return self.verify_s[0]
-        points = {x: v for x, v in self.verify_s.items() if x > 0} or self.verify_s
+    def predicted_verify(self, k: int, rows: int) -> float:
+        """Seconds to verify `rows` rows at k. k = 0: the plain step measured at the nearest number
+        of rows. k >= 1: a least-squares line through the k >= 1 measured at the nearest number of
+        rows where any was (flat while one k has been seen there; the plain step while none has)."""
+        def nearest(drafted: bool) -> dict[int, float]:
+            seen = [n for n, by_k in self.verify_s.items() if any((x > 0) == drafted for x in by_k)]
+            if not seen:
+                return {}
+            n = min(seen, key=lambda n: (abs(n - rows), -n))
+            return {x: v for x, v in self.verify_s[n].items() if (x > 0) == drafted}
+
+        points = (k == 0 and nearest(False)) or nearest(True) or nearest(False)
+        if k == 0 and 0 in points:
+            return points[0]
         ks = list(points)
         if len(ks) == 1:
             return points[ks[0]]
@@ -107,24 +127,23 @@ class DraftLengthController:
         slope = sum((x - mean_k) * (points[x] - mean_v) for x in ks) / sum((x - mean_k) ** 2 for x in ks)
         return max(1e-9, mean_v + max(0.0, slope) * (k - mean_k))
 
-    def predicted_rows(self, k: int) -> float:
-        """Sequences a step of length k advances. Only psd's differ by k (a sub-batch, or both when
-        k = 0); sd's steps take every running sequence whatever k, so averages taken at different
-        times (as requests come and go) would only add noise."""
-        if not self.parallel:
-            return 1.0
-        return self.rows[k > 0] or self.rows[k == 0] or 1.0
+    def predicted_rows(self, k: int, running: int) -> int:
+        """Sequences a step of length k over `running` advances: psd verifies one sub-batch (the
+        larger of two, when their sizes differ), a plain step takes them all, and so does sd."""
+        return max(1, (running + 1) // 2) if self.parallel and k else running
 
-    def step_time(self, k: int) -> float:
-        return step_seconds(self.predicted_verify(k), k * (self.draft_s or 0.0), self.parallel)
+    def step_time(self, k: int, running: int) -> float:
+        verify = self.predicted_verify(k, self.predicted_rows(k, running))
+        return step_seconds(verify, k * (self.draft_s or 0.0), self.parallel)
 
-    def best_k(self) -> int:
+    def best_k(self, running: int) -> int:
+        """The k with the most tokens per second for a step over `running` sequences."""
         if not self.verify_s:
             return self.k
-        return max(range(self.max_k + 1),
-                   key=lambda k: self.predicted_rows(k) * self.expected_tokens(k) / self.step_time(k))
+        return max(range(self.max_k + 1), key=lambda k: self.predicted_rows(k, running) * self.expected_tokens(k)
+                   / self.step_time(k, running))
 
     def as_dict(self) -> dict:
         return {"k": self.k, "acceptance": self.acceptance, "draft_s": self.draft_s,
-                "verify_s": {k: v for k, v in sorted(self.verify_s.items())}}
+                "verify_s": {n: dict(sorted(by_k.items())) for n, by_k in sorted(self.verify_s.items())}}
 

@@ -3,11 +3,11 @@ import pytest
 from minedraft.spec_decode.draft_length import DraftLengthController
 
 
-def feed(c: DraftLengthController, steps: int, alpha_rows, verify, draft_per_token: float) -> None:
-    """`steps` rounds at the controller's own k: drafting and verification times from the
-    given cost functions, rows (drafted, accepted) from `alpha_rows(k)`."""
+def feed(c: DraftLengthController, steps: int, alpha_rows, verify, draft_per_token: float, running: int = 10) -> None:
+    """`steps` rounds at the k the controller plans for `running` sequences: drafting and
+    verification times from the given cost functions, rows (drafted, accepted) from `alpha_rows(k)`."""
     for _ in range(steps):
-        k = c.k
+        k = c.plan(running)
         c.observe_draft(k * draft_per_token, k)
         c.observe_verify(verify(k), k, alpha_rows(k))
 
@@ -33,22 +33,23 @@ def test_acceptance_is_estimated_per_draft_position():
 def test_verify_time_is_a_line_through_the_measured_points():
     c = DraftLengthController(parallel=False)
     c.observe_verify(0.10, 1, [(1, 1)])
-    assert c.predicted_verify(5) == pytest.approx(0.10)  # one point: flat
+    assert c.predicted_verify(5, 1) == pytest.approx(0.10)  # one point: flat
+    assert c.predicted_verify(0, 1) == pytest.approx(0.10)  # no plain step seen: the drafted one
     c.observe_verify(0.14, 3, [(3, 3)])
-    assert c.predicted_verify(5) == pytest.approx(0.18)
-    assert c.predicted_verify(2) == pytest.approx(0.12)
+    assert c.predicted_verify(5, 1) == pytest.approx(0.18)
+    assert c.predicted_verify(2, 1) == pytest.approx(0.12)
 
 
 def test_high_acceptance_and_cheap_drafts_choose_long_drafts():
     c = DraftLengthController(parallel=False)
     feed(c, 64, lambda k: [(k, k)] * 9 + [(k, 0)], verify=lambda k: 0.05 + 0.002 * k, draft_per_token=0.001)
-    assert c.best_k() == c.max_k
+    assert c.best_k(10) == c.max_k
 
 
 def test_low_acceptance_and_costly_drafts_switch_speculation_off():
     c = DraftLengthController(parallel=False)
     feed(c, 64, lambda k: [(k, 0)] * 9 + [(k, 1)], verify=lambda k: 0.05 + 0.01 * k, draft_per_token=0.01)
-    assert c.best_k() == 0
+    assert c.best_k(10) == 0
     assert c.expected_tokens(0) == 1
 
 
@@ -58,7 +59,7 @@ def test_middling_acceptance_and_costly_verification_choose_one_token():
     feed(c, 64, lambda k: [(k, min(k, 1))] * 5 + [(k, 0)] * 5 if k else [], verify=lambda k: 0.05 + 0.02 * k,
          draft_per_token=0.001)
     assert c.acceptance[0] == pytest.approx(0.5, abs=0.05)
-    assert c.best_k() == 1
+    assert c.best_k(10) == 1
 
 
 def test_a_drafter_good_at_its_first_token_only_drafts_one():
@@ -68,7 +69,7 @@ def test_a_drafter_good_at_its_first_token_only_drafts_one():
     feed(c, 64, lambda k: [(k, min(k, 1))] * 6 + [(k, 0)] * 4 if k else [], verify=lambda k: 0.05 + 0.005 * k,
          draft_per_token=0.001)
     assert c.acceptance[:2] == pytest.approx([0.6, 0.0], abs=0.02)
-    assert c.best_k() == 1
+    assert c.best_k(10) == 1
 
 
 def test_psd_drafts_only_as_long_as_verification_hides_it():
@@ -77,15 +78,15 @@ def test_psd_drafts_only_as_long_as_verification_hides_it():
     sd, psd = DraftLengthController(parallel=False), DraftLengthController(parallel=True)
     for c in (sd, psd):
         feed(c, 64, lambda k: [(k, k)] * 19 + [(k, 0)], verify=lambda k: 0.05, draft_per_token=0.012)
-    assert psd.best_k() == 4
-    assert sd.best_k() > 4 and sd.step_time(4) > psd.step_time(4)
+    assert psd.best_k(10) == 4
+    assert sd.best_k(10) > 4 and sd.step_time(4, 10) > psd.step_time(4, 10)
 
 
 def test_exploration_visits_both_neighbours():
     c = DraftLengthController(parallel=False, explore_every=4)
     seen = set()
     for _ in range(40):
-        seen.add(c.k)
+        seen.add(c.plan(1))
         c.observe_draft(0.01 * c.k, c.k)
         c.observe_verify(0.05, c.k, [(c.k, 0)])  # nothing accepted: k = 0 is best
     assert {0, 1} <= seen and c.k in (0, 1)
@@ -100,27 +101,36 @@ def test_psd_weighs_a_plain_step_over_all_rows_against_a_sub_batch_verification(
         c.observe_draft(0.01, 1)
         c.observe_verify(0.04, 1, [(1, 1)] * accepted + [(1, 0)] * (4 - accepted))
         c.observe_verify(0.06, 0, [(0, 0)] * 8)
-    assert c.predicted_rows(0) == pytest.approx(8) and c.predicted_rows(1) == pytest.approx(4)
-    assert (c.best_k() > 0) == speculate
+    assert c.predicted_rows(0, 8) == 8 and c.predicted_rows(1, 8) == 4
+    assert (c.best_k(8) > 0) == speculate
 
 
-def test_sd_weighs_k_by_time_alone_whatever_the_rows_when_each_was_measured():
-    # k = 1 was last measured with 8 sequences running, k = 0 once only 5 were left: every sd step
-    # takes all running sequences, so those counts must not tilt the choice (8 / 5 would favour k = 1).
+def test_verification_times_are_compared_at_the_load_of_the_step_planned():
+    # A quarter of one-token drafts kept; drafting 1 ms. A plain step over 8 sequences takes 49 ms,
+    # one with drafts 70 ms: a plain step wins (163 tokens/s against 8 * 1.25 / 0.071 = 141). Over
+    # 4, 30 ms against 32 ms: drafting wins (133 against 4 * 1.25 / 0.033 = 152). Comparing the last
+    # drafted time (32 ms, taken over 4) with the last plain one (49 ms, over 8) would have made
+    # drafting look quicker over 8 too.
     c = DraftLengthController(parallel=False, explore_every=1000)
-    for _ in range(30):
-        c.observe_draft(0.001, 1)
-        c.observe_verify(0.05, 1, [(1, 0)] * 7 + [(1, 1)])  # 1.125 tokens a row in 51 ms
-    for _ in range(30):
-        c.observe_verify(0.04, 0, [(0, 0)] * 5)  # 1 token a row in 40 ms
-    assert c.predicted_rows(0) == c.predicted_rows(1) and c.best_k() == 0
+    for rows, plain, drafted in ((8, 0.049, 0.070), (4, 0.030, 0.032)):
+        for _ in range(30):
+            c.observe_draft(0.001, 1)
+            c.observe_verify(drafted, 1, [(1, 1)] * (rows // 4) + [(1, 0)] * (rows - rows // 4))
+            c.observe_verify(plain, 0, [(0, 0)] * rows)
+    assert c.predicted_verify(0, 8) == pytest.approx(0.049) and c.predicted_verify(1, 4) == pytest.approx(0.032)
+    assert c.best_k(8) == 0 and c.best_k(4) > 0
+    # A load never measured takes the nearest one measured (the larger on a tie).
+    assert c.best_k(7) == 0 and c.best_k(6) == 0 and c.best_k(5) > 0 and c.best_k(1) > 0
+    assert c.plan(8) == 0 and c.plan(4) == 0  # chosen once per verification learned from
+    c.observe_verify(0.030, 0, [(0, 0)] * 4)
+    assert c.plan(4) > 0
 
 
 def test_explorations_grow_rarer_while_the_choice_holds():
     c = DraftLengthController(parallel=False, explore_every=8, max_interval=64)
     drafted_steps = []
     for step in range(400):
-        if c.k:
+        if c.plan(4):
             drafted_steps.append(step)
         c.observe_draft(0.01 * c.k, c.k)
         c.observe_verify(0.05 + 0.02 * c.k, c.k, [(c.k, 0)] * 4)  # nothing accepted: k = 0 is best
