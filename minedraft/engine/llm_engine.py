@@ -177,7 +177,7 @@ class LLMEngine:
         seqs, chunks = step.running, step.chunks
         start = time.perf_counter()
         if self.draft_length is not None and seqs:
-            self.draft_length.plan(len(seqs))
+            self.draft_length.plan(len(seqs), learn=not chunks)
         try:
             if self.proposer is None or not seqs:
                 self._decode(seqs, chunks)

@@ -30,18 +30,19 @@ class DraftLengthController:
                  with drafts, all of them in a plain step.
     Step time: sd drafts then verifies, k * draft + verify(k); psd drafts one sub-batch while it
     verifies the other, max(verify(k), k * draft). Tokens per second: rows(k) * E[tokens per
-    row](k) / step time(k). Now and then the next k is a neighbour of the best, so verify(k) and
-    the acceptance of the next position stay measured around the optimum (and a drafter switched
-    off at k = 0 is tried again; its catch-up on the tokens it missed counts as drafting time):
-    after `explore_every` steps, and twice as long after each exploration that leaves the best k
-    unchanged, up to `max_interval`.
+    row](k) / step time(k), for k up to one past the longest measured. Now and then the next k is a
+    neighbour of the best, so verify(k) and the acceptance of the next position stay measured
+    around the optimum (and a drafter switched off at k = 0 is tried again; its catch-up on the
+    tokens it missed counts as drafting time): after `explore_every` steps, and twice as long
+    after each exploration that leaves the best k unchanged, up to `max_interval`. Steps carrying
+    prompt chunks are neither measured nor explored with.
     """
 
     def __init__(self, parallel: bool, max_k: int = AUTO_MAX_K, start_k: int = 2, decay: float = 0.9,
                  explore_every: int = 8, max_interval: int = 64):
         # Whether the next step overlaps (psd); with "overlap": "auto" the engine sets it each step.
         self.parallel, self.max_k, self.decay = parallel, max_k, decay
-        self.k = start_k
+        self.k = self.choice = start_k  # the k of the step under way; the last one planned to learn from
         self.explore_every, self.max_interval = explore_every, max_interval
         self.interval, self.next_explore = explore_every, explore_every
         self.settled: int | None = None  # the best k at the last exploration
@@ -71,26 +72,32 @@ class DraftLengthController:
         self.taken = [self.decay * old + new for old, new in zip_longest(self.taken, taken, fillvalue=0)]
         self.steps += 1
 
-    def plan(self, running: int) -> int:
+    def plan(self, running: int, learn: bool = True) -> int:
         """The draft length for a step over `running` sequences: the best k for that many, or at
-        times a neighbour (an exploration). Chosen again only once a verification has been learned
-        from since the last choice (steps carrying prompt chunks are not), so an exploration holds
-        until it is measured."""
-        if self.steps == self.planned:
+        times a neighbour (an exploration). `learn`: whether the step's verification will be
+        learned from; one carrying prompt chunks is not, as their tokens swamp what drafts cost, so
+        it plays the best k known (none before anything is measured) and never explores. A step to
+        learn from chooses again only once a verification has been learned from since the last
+        choice, so an exploration holds until it is measured."""
+        if not learn:
+            self.k = self.best_k(running) if self.verify_s else 0
             return self.k
-        self.planned = self.steps
-        best = self.best_k(running)
-        if self.steps >= self.next_explore:
-            # An exploration that finds the best k where the last one left it doubles the wait
-            # before the next: a settled choice (k = 0 above all, after which the drafter must
-            # catch up on every token it missed) is not paid for every few steps.
-            self.interval = min(2 * self.interval, self.max_interval) if best == self.settled else self.explore_every
-            self.settled, self.explorations = best, self.explorations + 1
-            self.next_explore = self.steps + self.interval
-            up = (self.explorations % 2 or best == 0) and best < self.max_k  # alternate, within 0..max_k
-            best = best + 1 if up else best - 1
-        self.k = best
-        return best
+        if self.steps > self.planned:
+            self.planned = self.steps
+            best = self.best_k(running)
+            if self.steps >= self.next_explore:
+                # An exploration that finds the best k where the last one left it doubles the wait
+                # before the next: a settled choice (k = 0 above all, after which the drafter must
+                # catch up on every token it missed) is not paid for every few steps.
+                self.interval = min(2 * self.interval, self.max_interval) if best == self.settled \
+                    else self.explore_every
+                self.settled, self.explorations = best, self.explorations + 1
+                self.next_explore = self.steps + self.interval
+                up = (self.explorations % 2 or best == 0) and best < self.max_k  # alternate, within 0..max_k
+                best = best + 1 if up else best - 1
+            self.choice = best
+        self.k = self.choice
+        return self.k
 
     @property
     def acceptance(self) -> list[float]:
@@ -106,26 +113,30 @@ class DraftLengthController:
     def expected_tokens(self, k: int) -> float:
         return expected_tokens_by_position(self.acceptance, k)
 
+    def _measured(self, drafted: bool, rows: int) -> dict[int, float]:
+        """Verification seconds by k, plain (k = 0) or drafted (k >= 1), at the number of rows
+        nearest `rows` where that kind was measured (the larger on a tie); {} if never."""
+        seen = [n for n, by_k in self.verify_s.items() if any((k > 0) == drafted for k in by_k)]
+        if not seen:
+            return {}
+        n = min(seen, key=lambda n: (abs(n - rows), -n))
+        return {k: v for k, v in self.verify_s[n].items() if (k > 0) == drafted}
+
     def predicted_verify(self, k: int, rows: int) -> float:
         """Seconds to verify `rows` rows at k. k = 0: the plain step measured at the nearest number
         of rows. k >= 1: a least-squares line through the k >= 1 measured at the nearest number of
-        rows where any was (flat while one k has been seen there; the plain step while none has)."""
-        def nearest(drafted: bool) -> dict[int, float]:
-            seen = [n for n, by_k in self.verify_s.items() if any((x > 0) == drafted for x in by_k)]
-            if not seen:
-                return {}
-            n = min(seen, key=lambda n: (abs(n - rows), -n))
-            return {x: v for x, v in self.verify_s[n].items() if (x > 0) == drafted}
-
-        points = (k == 0 and nearest(False)) or nearest(True) or nearest(False)
-        if k == 0 and 0 in points:
-            return points[0]
+        rows where any was (flat while one k has been seen there; the plain step while none has).
+        While no plain step has been measured, it is priced as the shortest drafts measured."""
+        plain = self._measured(False, rows)
+        if k == 0 and plain:
+            return plain[0]
+        points = self._measured(True, rows) or plain
         ks = list(points)
         if len(ks) == 1:
             return points[ks[0]]
         mean_k, mean_v = sum(ks) / len(ks), sum(points.values()) / len(ks)
         slope = sum((x - mean_k) * (points[x] - mean_v) for x in ks) / sum((x - mean_k) ** 2 for x in ks)
-        return max(1e-9, mean_v + max(0.0, slope) * (k - mean_k))
+        return max(1e-9, mean_v + max(0.0, slope) * (max(k, min(ks)) - mean_k))
 
     def predicted_rows(self, k: int, running: int) -> int:
         """Sequences a step of length k over `running` advances: psd verifies one sub-batch (the
@@ -137,10 +148,13 @@ class DraftLengthController:
         return step_seconds(verify, k * (self.draft_s or 0.0), self.parallel)
 
     def best_k(self, running: int) -> int:
-        """The k with the most tokens per second for a step over `running` sequences."""
+        """The k with the most tokens per second for a step over `running` sequences, at most one
+        past the longest measured at that load: a line through a few noisy points may call long
+        drafts nearly free, so k climbs one measured step at a time."""
         if not self.verify_s:
-            return self.k
-        return max(range(self.max_k + 1), key=lambda k: self.predicted_rows(k, running) * self.expected_tokens(k)
+            return self.choice
+        reach = min(self.max_k, 1 + max(self._measured(True, self.predicted_rows(1, running)), default=0))
+        return max(range(reach + 1), key=lambda k: self.predicted_rows(k, running) * self.expected_tokens(k)
                    / self.step_time(k, running))
 
     def as_dict(self) -> dict:
