@@ -150,9 +150,12 @@ class DraftLengthController:
     def best_k(self, running: int) -> int:
         """The k with the most tokens per second for a step over `running` sequences, at most one
         past the longest measured at that load: a line through a few noisy points may call long
-        drafts nearly free, so k climbs one measured step at a time."""
+        drafts nearly free, so k climbs one measured step at a time. Until a plain step has been
+        measured, k = 0: what speculation is weighed against must be known."""
         if not self.verify_s:
             return self.choice
+        if not self._measured(False, running):
+            return 0
         reach = min(self.max_k, 1 + max(self._measured(True, self.predicted_rows(1, running)), default=0))
         return max(range(reach + 1), key=lambda k: self.predicted_rows(k, running) * self.expected_tokens(k)
                    / self.step_time(k, running))

@@ -38,6 +38,9 @@ def test_verify_time_is_a_line_through_the_measured_points():
     c.observe_verify(0.14, 3, [(3, 3)])
     assert c.predicted_verify(5, 1) == pytest.approx(0.18)
     assert c.predicted_verify(2, 1) == pytest.approx(0.12)
+    # No plain step measured: it is priced as the shortest drafts, not the line run down to k = 0
+    # (0.08), which could even call it free.
+    assert c.predicted_verify(0, 1) == pytest.approx(0.10)
 
 
 def test_high_acceptance_and_cheap_drafts_choose_long_drafts():
@@ -134,24 +137,24 @@ def test_explorations_grow_rarer_while_the_choice_holds():
             drafted_steps.append(step)
         c.observe_draft(0.01 * c.k, c.k)
         c.observe_verify(0.05 + 0.02 * c.k, c.k, [(c.k, 0)] * 4)  # nothing accepted: k = 0 is best
-    # The start (k = 2, then k = 1 twice: until a plain step is measured it is priced as the shortest
-    # drafts), then explorations of k = 1 (none below 0) 8, 8, 16, 32, 64, 64, ... steps apart.
-    assert drafted_steps == [0, 1, 2, 8, 16, 32, 64, 128, 192, 256, 320, 384]
+    # The start (k = 2, then a plain step: measured before anything is weighed against it), then
+    # explorations of k = 1 (none below 0) 8, 8, 16, 32, 64, 64, ... steps apart.
+    assert drafted_steps == [0, 8, 16, 32, 64, 128, 192, 256, 320, 384]
 
 
 def test_k_climbs_one_measured_step_at_a_time():
     # Two noisy points whose line is flat would make k = 8 look as cheap as k = 2; the next k
     # considered is one past the longest measured.
     c = DraftLengthController(parallel=False, explore_every=1000)
-    c.observe_verify(0.076, 1, [(1, 1)] * 4)
+    assert c.plan(4) == 2  # start_k
     c.observe_verify(0.068, 2, [(2, 2)] * 4)
+    assert c.plan(4) == 0  # then a plain step, before anything is weighed against it
+    c.observe_verify(0.050, 0, [(0, 0)] * 4)
+    c.observe_verify(0.076, 1, [(1, 1)] * 4)
     assert c.predicted_verify(8, 4) == pytest.approx(0.072)  # the line, flat (its slope is never negative)
     assert c.plan(4) == 3
     c.observe_verify(0.2, 3, [(3, 3)] * 4)
     assert c.plan(4) < 3  # measured: k = 3 costs too much
-    # No plain step measured: it is priced as the shortest drafts (the line at k = 1, 0.053 s),
-    # not the line run down to k = 0, which would call it free.
-    assert c.predicted_verify(0, 4) == pytest.approx(c.predicted_verify(1, 4))
 
 
 def test_steps_carrying_prompt_chunks_play_the_best_k_known_and_keep_an_exploration_for_later():
