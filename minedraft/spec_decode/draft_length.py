@@ -2,6 +2,7 @@
 
 from itertools import zip_longest
 
+from minedraft.spec_decode.exploration import Exploration
 from minedraft.theory import count_by_position, expected_tokens_by_position, step_seconds
 
 AUTO_MAX_K = 8  # the longest draft "auto" considers
@@ -33,9 +34,8 @@ class DraftLengthController:
     row](k) / step time(k), for k up to one past the longest measured. Now and then the next k is a
     neighbour of the best, so verify(k) and the acceptance of the next position stay measured
     around the optimum (and a drafter switched off at k = 0 is tried again; its catch-up on the
-    tokens it missed counts as drafting time): after `explore_every` steps, and twice as long
-    after each exploration that leaves the best k unchanged, up to `max_interval`. Steps carrying
-    prompt chunks are neither measured nor explored with.
+    tokens it missed counts as drafting time), as often as spec_decode/exploration.py says. Steps
+    carrying prompt chunks are neither measured nor explored with.
     """
 
     def __init__(self, parallel: bool, max_k: int = AUTO_MAX_K, start_k: int = 2, decay: float = 0.9,
@@ -43,10 +43,7 @@ class DraftLengthController:
         # Whether the next step overlaps (psd); with "overlap": "auto" the engine sets it each step.
         self.parallel, self.max_k, self.decay = parallel, max_k, decay
         self.k = self.choice = start_k  # the k of the step under way; the last one planned to learn from
-        self.explore_every, self.max_interval = explore_every, max_interval
-        self.interval, self.next_explore = explore_every, explore_every
-        self.settled: int | None = None  # the best k at the last exploration
-        self.explorations = 0
+        self.exploration = Exploration(explore_every, max_interval)
         # Decayed trials and acceptances per draft position; the prior, draft 1 accepted in two of
         # four trials, decays away.
         self.tried, self.taken = [4.0], [2.0]
@@ -85,15 +82,8 @@ class DraftLengthController:
         if self.steps > self.planned:
             self.planned = self.steps
             best = self.best_k(running)
-            if self.steps >= self.next_explore:
-                # An exploration that finds the best k where the last one left it doubles the wait
-                # before the next: a settled choice (k = 0 above all, after which the drafter must
-                # catch up on every token it missed) is not paid for every few steps.
-                self.interval = min(2 * self.interval, self.max_interval) if best == self.settled \
-                    else self.explore_every
-                self.settled, self.explorations = best, self.explorations + 1
-                self.next_explore = self.steps + self.interval
-                up = (self.explorations % 2 or best == 0) and best < self.max_k  # alternate, within 0..max_k
+            if self.exploration.due(self.steps, best):
+                up = (self.exploration.tries % 2 or best == 0) and best < self.max_k  # alternate, within 0..max_k
                 best = best + 1 if up else best - 1
             self.choice = best
         self.k = self.choice

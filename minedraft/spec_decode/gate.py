@@ -7,10 +7,11 @@ drafter pays at 1 in flight"): its drafts are kept too rarely to pay for its ste
 verifications, while the lookup alone, which costs microseconds, pays. Elsewhere (a better head, a
 drafter on a GPU of its own) it may pay. Rather than model every cost, the gate measures the
 thing it maximises: tokens emitted per second of wall clock, by arm (model on or off), over the
-rounds where the choice mattered (some row missed the lookup). It plays the better arm, and every
-`explore_every`-th such round the other, so a change in either is seen; switching the model back
-on costs its catch-up on the tokens it missed, which that round's time includes. In psd, drafting
-hidden behind verification costs nothing here, as it should.
+rounds where the choice mattered (some row missed the lookup). It plays the better arm, and at
+times the other (spec_decode/exploration.py: after 8 such rounds, then 16, 32, 64 while the choice
+holds; again after 8 when a try beat the better arm's rate), so a change in either is seen;
+switching the model back on costs its catch-up on the tokens it missed, which that round's time
+includes. In psd, drafting hidden behind verification costs nothing here, as it should.
 
 A round runs from one proposal for a set of sequences to the next for the same set (psd alternates
 two sets); rounds where sequences joined or left are not measured (admissions and idle time would
@@ -23,12 +24,14 @@ import time
 from collections.abc import Callable
 
 from minedraft.engine.sequence import Sequence
+from minedraft.spec_decode.exploration import Exploration
 
 
 class ModelGate:
-    def __init__(self, explore_every: int = 8, decay: float = 0.97, outlier: float = 4.0,
+    def __init__(self, explore_every: int = 8, max_interval: int = 64, decay: float = 0.97, outlier: float = 4.0,
                  clock: Callable[[], float] = time.perf_counter):
-        self.explore_every, self.decay, self.outlier, self.clock = explore_every, decay, outlier, clock
+        self.exploration = Exploration(explore_every, max_interval)
+        self.decay, self.outlier, self.clock = decay, outlier, clock
         # Decayed sums per arm (True: the model drafted): rounds measured, tokens emitted, seconds.
         self.count = {True: 0.0, False: 0.0}
         self.tokens = {True: 0.0, False: 0.0}
@@ -58,16 +61,18 @@ class ModelGate:
         seconds = now - start
         if seconds <= 0 or (self.count[arm] and seconds > self.outlier * self.seconds[arm] / self.count[arm]):
             return
-        d = self.decay
+        d, tokens, best = self.decay, sum(len(s) - lengths[s.seq_id] for s in seqs), self.rate(not arm)
         self.count[arm] = d * self.count[arm] + 1
-        self.tokens[arm] = d * self.tokens[arm] + sum(len(s) - lengths[s.seq_id] for s in seqs)
+        self.tokens[arm] = d * self.tokens[arm] + tokens
         self.seconds[arm] = d * self.seconds[arm] + seconds
+        if arm != self.best() and best is not None and tokens / seconds > best:
+            self.exploration.soon(self.rounds)
 
     def choose(self, seqs: list[Sequence]) -> bool:
         """Whether the model drafts in this round of `seqs`, some of whose rows the lookup missed."""
         self.rounds += 1
         arm = self.best()
-        if self.rounds % self.explore_every == 0:
+        if self.exploration.due(self.rounds, arm):
             arm = not arm
         if len(self.pending) >= 2:  # psd's two sub-batches at most; an older set will not recur
             del self.pending[next(iter(self.pending))]

@@ -31,18 +31,21 @@ def run_rounds(gate: ModelGate, clock: Clock, rows: list[Sequence], rounds: int,
     return arms
 
 
-def test_the_gate_plays_the_quicker_arm_and_explores_the_other():
+def test_the_gate_plays_the_quicker_arm_and_explores_the_other_ever_more_rarely():
     clock = Clock()
-    gate = ModelGate(explore_every=8, clock=clock)
+    gate = ModelGate(explore_every=8, max_interval=64, clock=clock)
     rows = seqs(2)
     # The model: 5 tokens in 30 ms; without it 2 in 10 ms (1.2x quicker).
-    arms = run_rounds(gate, clock, rows, 80, on=(0.030, 5), off=(0.010, 2))
+    arms = run_rounds(gate, clock, rows, 200, on=(0.030, 5), off=(0.010, 2))
     assert arms[:2] == [True, False]  # each arm is measured first
     assert not gate.best() and gate.rate(False) > gate.rate(True)
-    assert arms[8:].count(True) == 9  # from there on the model drafts only every 8th round
-    # The model gets better (8 tokens in 20 ms): its next exploration finds it, and it stays on.
-    arms = run_rounds(gate, clock, rows, 40, on=(0.020, 8), off=(0.010, 2))
-    assert gate.best() and arms[-7:].count(True) >= 6
+    # From there on the model drafts only in the tries: rounds 8, 16, 32, 64, 128, 192.
+    assert [i + 1 for i, arm in enumerate(arms) if arm][1:] == [8, 16, 32, 64, 128, 192]
+    # The model gets better (8 tokens in 20 ms): its next try (round 256) beats the other arm, so
+    # the one after comes 8 rounds later, where the model's average overtakes and it stays on (round
+    # 280 tries the other arm).
+    arms = run_rounds(gate, clock, rows, 80, on=(0.020, 8), off=(0.010, 2))
+    assert [i + 201 for i, arm in enumerate(arms) if arm] == [256] + list(range(264, 280)) and gate.best()
 
 
 def test_rounds_where_sequences_came_or_went_are_not_measured():
