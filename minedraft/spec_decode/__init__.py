@@ -35,7 +35,7 @@ def make_proposer(config: EngineConfig, target: Decoder) -> Proposer:
             aux_layers = Eagle3Args.from_hf(read_config(spec.model_path)).aux_layers(target.args.num_layers)
         return RemoteDrafter(args, spec.draft_timeout_s, aux_layers)  # the drafter process puts the lookup first
     model = model_proposer(c, target)
-    return LookupFirst(model, lookup, defer_prompts=True) if spec.prompt_lookup_first else model
+    return LookupFirst(model, lookup) if spec.prompt_lookup_first else model
 
 
 def model_proposer(config: EngineConfig, target: Decoder) -> Proposer:

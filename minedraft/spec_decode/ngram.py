@@ -60,15 +60,10 @@ class LookupFirst(Proposer):
     often kept several tokens at a time), the other rows the model's, or with "auto" draft lengths
     none while the model does not pay (spec_decode/gate.py). The model sees every token a row keeps
     either way (its states through `accept_states`, its tokens when it next drafts), so skipping
-    rounds is safe.
+    rounds is safe."""
 
-    `defer_prompts`: the model runs in the target's process, where its pass over a prompt holds the
-    target up (an EAGLE-3 head's is about 5% of the target's prefill). While the gate keeps the
-    model off it skips that pass; it catches up when, if ever, it next drafts for the sequence. In a
-    drafter process of its own it prefills meanwhile, as the target works."""
-
-    def __init__(self, model: Proposer, lookup: NgramProposer, defer_prompts: bool = False):
-        self.model, self.lookup, self.defer_prompts = model, lookup, defer_prompts
+    def __init__(self, model: Proposer, lookup: NgramProposer):
+        self.model, self.lookup = model, lookup
         self.aux_layers = model.aux_layers
         self.gate: ModelGate | None = None
 
@@ -93,8 +88,7 @@ class LookupFirst(Proposer):
         return {} if self.gate is None else {"model_gate": self.gate.as_dict()}
 
     def prefill(self, seqs: list[Sequence], ends: list[int]) -> None:
-        if not (self.defer_prompts and self.gate is not None and not self.gate.best()):
-            self.model.prefill(seqs, ends)
+        self.model.prefill(seqs, ends)
 
     def backlog(self, seq: Sequence) -> int:
         return self.model.backlog(seq)

@@ -1,6 +1,5 @@
 import random
 
-import pytest
 import torch
 
 from minedraft.engine.sequence import Sequence
@@ -29,10 +28,7 @@ class FakeModel(Proposer):
     aux_layers = (1, 2)
 
     def __init__(self):
-        self.asked, self.released, self.prefilled = [], [], []
-
-    def prefill(self, seqs, ends):
-        self.prefilled.append([s.seq_id for s in seqs])
+        self.asked, self.released = [], []
 
     def propose(self, seqs, num_tokens, generators, capacity=None):
         self.asked.append(list(num_tokens))
@@ -97,15 +93,3 @@ def test_lookup_first_under_auto_asks_the_model_only_while_its_gate_says_so():
     proposer.adapt(False)
     assert proposer.gate is None
 
-
-@pytest.mark.parametrize("defer", [True, False], ids=["in-the-targets-process", "in-a-drafter-process"])
-def test_lookup_first_defers_prompts_only_in_the_targets_process_and_while_the_gate_keeps_the_model_off(defer):
-    model = FakeModel()
-    proposer = LookupFirst(model, NgramProposer(2, 3, 100, torch.float64), defer_prompts=defer)
-    rows = [seq(0, [1, 2, 3, 4])]
-    proposer.prefill(rows, [4])  # a fixed k: the model drafts, so it prefills
-    proposer.adapt(True)
-    proposer.prefill(rows, [4])  # the gate has not measured the model yet: it counts as on
-    proposer.gate.best = lambda: False
-    proposer.prefill(rows, [4])
-    assert model.prefilled == [[0]] * (2 if defer else 3)
