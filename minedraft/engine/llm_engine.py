@@ -415,7 +415,18 @@ class LLMEngine:
         start = time.time()
         self._decode(seqs, chunks)
         if not chunks:  # the controller learns what verification costs: prompt tokens would skew it
-            self.draft_length.observe_verify(time.time() - start, 0, [(0, 0)] * len(seqs))
+            self.draft_length.observe_verify(time.time() - start, 0, [(0, 0)] * len(seqs), self._hindsight(seqs))
+
+    def _hindsight(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
+        """Score the free drafts made at earlier plain steps against the tokens emitted since, and
+        make the next ones (spec_decode/hindsight.py)."""
+        hindsight = self.draft_length.hindsight
+        scored = hindsight.score(seqs)
+        running = [s for s in seqs if s.status != Status.FINISHED]
+        drafts = self.proposer.free_drafts(running, hindsight.k)
+        if drafts is not None:
+            hindsight.propose(running, drafts)
+        return scored
 
     def _drafted(self, drafts: list[list[int]], start: float, end: float) -> None:
         if self.draft_length is not None:

@@ -84,6 +84,11 @@ class Proposer:
         """What it chose for itself under "auto", for the metrics."""
         return {}
 
+    def free_drafts(self, seqs: list[Sequence], k: int) -> list[list[int]] | None:
+        """The drafts, at most k a sequence, it would make now if they cost nothing to make and were
+        made with certainty (prompt lookup: spec_decode/hindsight.py scores them); None if not."""
+        return None
+
     def close(self, graceful: bool = True) -> None:
         """Free the proposer's resources (a drafter process: stop it)."""
 

@@ -3,6 +3,7 @@
 from itertools import zip_longest
 
 from minedraft.spec_decode.exploration import Exploration
+from minedraft.spec_decode.hindsight import Hindsight
 from minedraft.theory import count_by_position, expected_tokens_by_position, step_seconds
 
 AUTO_MAX_K = 8  # the longest draft "auto" considers
@@ -19,7 +20,9 @@ class DraftLengthController:
                  those measured take the last measured rate (minedraft.theory, which also gives
                  E[tokens per row](k) from these rates). A weak drafter's first token is accepted
                  far more often than its later ones; one rate for every position would overrate
-                 long drafts.
+                 long drafts. While k = 0 is played, a drafter whose drafts cost nothing (prompt
+                 lookup) still drafts, unverified, and its drafts are scored against what the target
+                 emits (spec_decode/hindsight.py): its long matches stay measured.
       draft      seconds of one drafting step (one token for every row drafted).
       verify(k, n) seconds of a verification of n rows asked for k drafts, per n and k: a step
                  over many rows costs more than one over few, so times taken at different loads (as
@@ -49,6 +52,7 @@ class DraftLengthController:
         self.tried, self.taken = [4.0], [2.0]
         self.draft_s: float | None = None
         self.verify_s: dict[int, dict[int, float]] = {}  # rows -> k -> seconds
+        self.hindsight = Hindsight(max_k)
         self.steps = self.planned = 0  # verifications learned from; how many when k was last chosen
 
     def _ema(self, old: float | None, new: float) -> float:
@@ -59,12 +63,15 @@ class DraftLengthController:
         if steps > 0:
             self.draft_s = self._ema(self.draft_s, seconds / steps)
 
-    def observe_verify(self, seconds: float, k: int, rows: list[tuple[int, int]]) -> None:
+    def observe_verify(self, seconds: float, k: int, rows: list[tuple[int, int]],
+                       hindsight: list[tuple[int, int]] = ()) -> None:
         """A verification of rows asked for k drafts (0: a plain decode step) took `seconds`; rows
-        are (drafted, accepted) per sequence, drafts asked for and not made counted as drafted."""
+        are (drafted, accepted) per sequence, drafts asked for and not made counted as drafted.
+        `hindsight`: more such rows, free drafts made at earlier plain steps and scored against the
+        tokens emitted since (`self.hindsight`, which the engine fills)."""
         by_k = self.verify_s.setdefault(len(rows), {})
         by_k[k] = self._ema(by_k.get(k), seconds)
-        tried, taken = count_by_position(rows)
+        tried, taken = count_by_position(list(rows) + list(hindsight))
         self.tried = [self.decay * old + new for old, new in zip_longest(self.tried, tried, fillvalue=0)]
         self.taken = [self.decay * old + new for old, new in zip_longest(self.taken, taken, fillvalue=0)]
         self.steps += 1

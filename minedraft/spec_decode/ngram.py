@@ -50,6 +50,9 @@ class NgramProposer(Proposer):
         return drafts, [Dist(torch.ones(len(d), 1, dtype=self.dtype), torch.tensor(d)[:, None], self.vocab_size)
                         if d and g is not None else None for d, g in zip(drafts, generators)]
 
+    def free_drafts(self, seqs: list[Sequence], k: int) -> list[list[int]]:
+        return self.propose(seqs, [k] * len(seqs), [None] * len(seqs))[0]
+
     def release(self, seq: Sequence) -> None:
         """Nothing to free: the proposer keeps no state per sequence."""
 
@@ -86,6 +89,10 @@ class LookupFirst(Proposer):
 
     def choices(self) -> dict:
         return {} if self.gate is None else {"model_gate": self.gate.as_dict()}
+
+    def free_drafts(self, seqs: list[Sequence], k: int) -> list[list[int]] | None:
+        """The lookup's, while the gate keeps the model off (the model's drafts are not free)."""
+        return self.lookup.free_drafts(seqs, k) if self.gate is not None and not self.gate.best() else None
 
     def prefill(self, seqs: list[Sequence], ends: list[int]) -> None:
         self.model.prefill(seqs, ends)

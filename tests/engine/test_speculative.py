@@ -297,7 +297,8 @@ def test_auto_counts_drafts_asked_for_and_not_made_as_rejected(tiny_llama, tiny_
              trace=True) as sd:
         controller = sd.engine.draft_length
         seen, observe = [], controller.observe_verify
-        controller.observe_verify = lambda seconds, k, rows: (seen.append((k, rows)), observe(seconds, k, rows))
+        controller.observe_verify = lambda seconds, k, rows, hindsight=(): (seen.append((k, rows)),
+                                                                           observe(seconds, k, rows, hindsight))
         sd.generate([{"prompt_token_ids": p} for p in PROMPTS], greedy_params(), use_tqdm=False)
     # The controller learns from verifications without prompt chunks, and from plain steps (k = 0).
     verified = [e for e in sd.engine.trace if e["kind"] == "verify" and "prompt_tokens" not in e]
@@ -309,6 +310,31 @@ def test_auto_counts_drafts_asked_for_and_not_made_as_rejected(tiny_llama, tiny_
         assert all(asked >= drafted for (asked, _), drafted in zip(rows, e["drafted"]))
         short += sum(asked > drafted for (asked, _), drafted in zip(rows, e["drafted"]))
     assert short > 0  # rows got fewer drafts than asked, and were counted at the length asked
+
+
+def test_auto_keeps_measuring_a_free_drafter_while_it_plays_k_0(ar, tiny_llama):
+    """Held at k = 0, nothing is verified, yet the prompt lookup's drafts are scored against what
+    the target emits: the controller learns their acceptance at every position."""
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    expected = token_ids(ar.generate(prompts, greedy_params(), use_tqdm=False))
+    with LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=96, trace=True,
+             speculative_config={**NGRAM, "num_speculative_tokens": "auto"}) as sd:
+        controller = sd.engine.draft_length
+        controller.k = 0
+        controller.plan = lambda *args, **kwargs: 0
+        scored, score = [], controller.hindsight.score
+
+        def spy(seqs):
+            rows = score(seqs)
+            scored.extend(rows)
+            return rows
+
+        controller.hindsight.score = spy
+        assert token_ids(sd.generate(prompts, greedy_params(), use_tqdm=False)) == expected
+    assert not [e for e in sd.engine.trace if e["kind"] == "verify"]
+    assert scored and all(asked == controller.max_k for asked, _ in scored)
+    assert any(accepted >= 2 for _, accepted in scored)  # [66] * 20 is copied: long matches
+    assert len(controller.acceptance) >= 3 and controller.acceptance[1] > 0
 
 
 def test_ngram_drafting_keeps_the_targets_distribution(small_vocab_pair):
