@@ -61,11 +61,11 @@ class ModelGate:
         seconds = now - start
         if seconds <= 0 or (self.count[arm] and seconds > self.outlier * self.seconds[arm] / self.count[arm]):
             return
-        d, tokens, best = self.decay, sum(len(s) - lengths[s.seq_id] for s in seqs), self.rate(not arm)
+        d, tokens, other = self.decay, sum(len(s) - lengths[s.seq_id] for s in seqs), self.rate(not arm)
         self.count[arm] = d * self.count[arm] + 1
         self.tokens[arm] = d * self.tokens[arm] + tokens
         self.seconds[arm] = d * self.seconds[arm] + seconds
-        if arm != self.best() and best is not None and tokens / seconds > best:
+        if arm != self.best() and other is not None and tokens / seconds > other:  # a try that did well
             self.exploration.soon(self.rounds)
 
     def choose(self, seqs: list[Sequence]) -> bool:
