@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from minedraft.spec_decode.base import Prefilled, Proposer
+from minedraft.spec_decode.ngram import lookup
 from minedraft.spec_decode.transport import ENGINE, Channel, DrafterError
 from minedraft.engine.sequence import Sequence
 from minedraft.sampling import Dist
@@ -93,6 +94,8 @@ class RemoteDrafter(Proposer):
         self.done: list[tuple[Sequence, Prefilled]] = []
         self.idle_s = 0.0  # the target's last verification: the drafter's time for handed-over prompts
         self.adapting: bool | None = None  # "auto" set or unset, for the drafter's next message
+        self.lookup_sizes = args.prompt_lookup  # [min, max] of the drafter's prompt lookup, if any
+        self.free = False  # the drafter's last answer: its drafts then cost nothing (its lookup alone)
         self.in_flight: list[Sequence] | None = None
         self.last_span: tuple[float, float] | None = None
         self.process = subprocess.Popen(command)
@@ -156,6 +159,12 @@ class RemoteDrafter(Proposer):
     def choices(self) -> dict:
         return {} if self.in_flight is not None else self.stats()["choices"]
 
+    def free_drafts(self, seqs: list[Sequence], k: int) -> list[list[int]] | None:
+        """The drafter's prompt lookup, run here, while its last answer said the lookup drafts alone."""
+        if not (self.free and self.lookup_sizes):
+            return None
+        return [lookup(s.prompt_token_ids + s.output_token_ids, *self.lookup_sizes, k) for s in seqs]
+
     def _update(self, op: str) -> tuple[dict, list[torch.Tensor]]:
         """A message's header with the queued releases, prompt chunks and prompts handed over, and
         the chunks' states."""
@@ -187,6 +196,7 @@ class RemoteDrafter(Proposer):
         header, tensors = self._take_prefilled(*self._recv())
         try:
             self.last_span = (float(header["start"]), float(header["end"]))
+            self.free = bool(header.get("free"))
             drafts = header["drafts"]
             if len(drafts) != len(seqs) or any(not isinstance(t, int) for d in drafts for t in d):
                 raise ValueError(f"{len(drafts)} drafts for {len(seqs)} sequences, or not token ids")

@@ -131,7 +131,10 @@ class Drafter:
             sampled = [q for q in dists if q is not None]
             q = Dist.cat(sampled) if sampled else None
             tensors = [] if q is None else [q.probs] if q.ids is None else [q.probs, q.ids]
-            answer = {"drafts": drafts, "vocab": None if q is None else q.vocab, "start": start, "end": time.time()}
+            # "free": whether its drafts cost nothing now (a lookup whose model is gated off), so
+            # that the engine may score the lookup's drafts itself while it plays k = 0.
+            answer = {"drafts": drafts, "vocab": None if q is None else q.vocab, "start": start, "end": time.time(),
+                      "free": proposer.free_drafts([], 0) is not None}
             self.send(*self._prefilled(answer, tensors))
         # Once the drafts are out, while the target verifies: prompts' chunks, late sequences and
         # those a prompt lookup drafted (the model has not seen their newest tokens); then the

@@ -54,6 +54,7 @@ def test_drafts_are_answered_before_prompts_are_prefilled():
     assert [entry[0] for entry in log] == ["propose", "send", "prefill"]
     assert log[0] == ("propose", [2, 3, 4], [2, 1, 0])  # 2 catches up on its 3 tokens while drafting
     assert log[1][1]["drafts"] == [[7, 7], [7], []]
+    assert log[1][1]["free"] is False  # a model's drafts are not free
     # After the answer, while the target verifies: the other prompt's chunk and the late sequence.
     assert log[2] == ("prefill", [1, 4], [3, MAX_CATCH_UP + 1])
 
@@ -132,3 +133,16 @@ def test_without_idle_time_prompts_wait_until_the_engine_asks(target):
     d.handle({"op": "update", "release": [6]}, [])  # aborted: its prompt is never run
     assert d.handle({"op": "prefilled"}, [])
     assert sent[2] == ({}, [])
+
+
+def test_the_answer_says_when_the_drafts_cost_nothing():
+    """A lookup whose model its gate keeps off: the engine may then score the lookup's drafts."""
+
+    class LookupAlone(Recorder):
+        def free_drafts(self, seqs, k):
+            return [[] for _ in seqs]
+
+    log = []
+    d = Drafter(LookupAlone(log), torch.Generator(), lambda header, tensors=(): log.append(("send", header)))
+    assert d.handle({"op": "draft", "seqs": [item(1, [1, 2, 3])], "num_tokens": [2]}, [])
+    assert log[1][1]["free"] is True
