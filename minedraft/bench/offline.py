@@ -313,8 +313,10 @@ def predict(results: dict[tuple, list[dict]], by: dict[tuple, dict]) -> list[flo
             continue
         row["tokens_per_row"] = statistics.mean(a + 1 for _, a in verified)
         row["predicted_tokens_per_row"] = statistics.mean(expected_tokens_by_position(rates, d) for d, _ in verified)
+        # Runs that drafted nothing (their drafter failed at once, say) have no steps to model.
         step = statistics.median(mean_step_seconds(spans(r["trace"], "verify"), spans(r["trace"], "draft"),
-                                                   r["overlapped_share"]) for r in runs)
+                                                   r["overlapped_share"])
+                                 for r in runs if spans(r["trace"], "verify") and spans(r["trace"], "draft"))
         predicted = row["rows_per_step"] * row["predicted_tokens_per_row"] / step
         row["predicted_speedup_vs_ar"] = predicted / (ar["rows_per_step"] / ar["decode_s_mean"])
     return rates

@@ -183,10 +183,19 @@ class RemoteDrafter(Proposer):
         for seq, end in seqs:
             gen_seed = None if seq.params.seed is None else drafter_seed(seq.params.seed, seq.index)
             known = self.known.get(seq.seq_id, 0)
-            start, held = self.states.pop(seq.seq_id, (None, []))
-            states += held
-            items.append([seq.seq_id, seq.tokens_from(known)[: end - known], seq.params.as_dict(), gen_seed,
-                          None if start is None else [start, sum(len(h) for h in held)]])
+            span = None
+            if seq.seq_id in self.states:
+                # Only the states of positions whose tokens go too: a prompt queued up to its end
+                # may have decoded on (plain steps) before this message.
+                start, held = self.states.pop(seq.seq_id)
+                held = torch.cat(held)
+                n = max(0, min(len(held), end - start))
+                if n:
+                    states.append(held[:n])
+                    span = [start, n]
+                if n < len(held):
+                    self.states[seq.seq_id] = (start + n, [held[n:]])
+            items.append([seq.seq_id, seq.tokens_from(known)[: end - known], seq.params.as_dict(), gen_seed, span])
             self.known[seq.seq_id] = end
         return items, states
 

@@ -101,3 +101,7 @@ def test_model_prediction_beside_measurement():
     assert sd["predicted_speedup_vs_ar"] == pytest.approx(1.0)  # 8 rows x 2 tokens per 0.2 s
     assert sd["generation_speedup_vs_ar"] == pytest.approx(70 / 80)
     assert psd["predicted_speedup_vs_ar"] == pytest.approx(4 * 2 / 0.225 / 80)  # 4 rows x 2 tokens per 0.225 s
+    # A repeat whose drafter failed before drafting: nothing to model there, the other repeat stands.
+    results[("sd", 2, 8)].append({"trace": [], "overlapped_share": 0.0})
+    predict(results, by)
+    assert sd["predicted_speedup_vs_ar"] == pytest.approx(1.0)

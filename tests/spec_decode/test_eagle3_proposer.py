@@ -120,6 +120,30 @@ def test_greedy_eagle3_equals_ar(ar, tiny_llama, tiny_eagle3, placement, chunk):
         assert sd.engine.runner.cache.num_free == 4
 
 
+@pytest.mark.parametrize("parallel", [False, True], ids=["sd-remote", "psd"])
+def test_greedy_eagle3_equals_ar_when_auto_alternates_drafted_and_plain_steps(ar, tiny_llama, tiny_eagle3, parallel):
+    """Plain steps (k = 0) between drafted ones, with prompts in chunks: the drafter process must
+    get the target's states only with the tokens they belong to, however the two were queued (a
+    prompt's last chunk queued while drafts were in flight, then a plain step decoding it)."""
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    expected = token_ids(ar.generate(prompts, greedy_params(), use_tqdm=False))
+    spec = {"model": str(tiny_eagle3), "num_speculative_tokens": "auto", "parallel": parallel}
+    if not parallel:
+        spec["draft_device"] = "cpu"
+    with LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=96, speculative_config=spec,
+             max_num_batched_tokens=4) as sd:
+        controller, steps = sd.engine.draft_length, iter(range(10**6))
+
+        def alternate(running, learn=True):
+            controller.k = 3 if next(steps) % 2 else 0
+            return controller.k
+
+        controller.plan = alternate
+        assert token_ids(sd.generate(prompts, greedy_params(), use_tqdm=False)) == expected
+        m = sd.get_metrics()
+        assert m["drafter_failures"] == 0 and m["num_draft_tokens"] > 0
+
+
 def graphs_built() -> int:
     """Graphs Inductor has built or loaded in this process."""
     from torch._dynamo.utils import counters
