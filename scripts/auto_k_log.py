@@ -23,8 +23,9 @@ def main() -> None:
         questions = [json.loads(line)["turns"][0] for line, _ in zip(f, range(args.prompts))]
     learn = DraftLengthController.observe_verify
 
-    def logged(c: DraftLengthController, seconds: float, k: int, rows: list[tuple[int, int]]) -> None:
-        learn(c, seconds, k, rows)
+    def logged(c: DraftLengthController, seconds: float, k: int, rows: list[tuple[int, int]],
+               hindsight: list[tuple[int, int]] = ()) -> None:
+        learn(c, seconds, k, rows, hindsight)
         n = len(rows)
         rates = {j: round(c.predicted_rows(j, n) * c.expected_tokens(j) / c.step_time(j, n), 1) for j in range(4)}
         print(k, n, f"{seconds * 1e3:.1f}", c.best_k(n), [round(a, 2) for a in c.acceptance[:3]],
