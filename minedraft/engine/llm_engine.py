@@ -422,10 +422,10 @@ class LLMEngine:
         make the next ones (spec_decode/hindsight.py)."""
         hindsight = self.draft_length.hindsight
         scored = hindsight.score(seqs)
-        running = [s for s in seqs if s.status != Status.FINISHED]
-        drafts = self.proposer.free_drafts(running, hindsight.k)
+        undrafted = hindsight.undrafted([s for s in seqs if s.status != Status.FINISHED])
+        drafts = self.proposer.free_drafts(undrafted, hindsight.k) if undrafted else None
         if drafts is not None:
-            hindsight.propose(running, drafts)
+            hindsight.propose(undrafted, drafts)
         return scored
 
     def _drafted(self, drafts: list[list[int]], start: float, end: float) -> None:

@@ -11,12 +11,17 @@ phrase is kept whole), which the one-token explorations of k = 0 could not see.
 """
 
 from minedraft.engine.sequence import Sequence
+from minedraft.spec_decode.rejection import agreement
 
 
 class Hindsight:
     def __init__(self, k: int):
         self.k = k  # the draft length asked for; what the drafter does not make counts as rejected
         self.pending: dict[int, tuple[int, list[int]]] = {}  # seq_id -> (tokens emitted then, draft)
+
+    def undrafted(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Those of `seqs` without a draft waiting to be scored: the ones to draft for now."""
+        return [seq for seq in seqs if seq.seq_id not in self.pending]
 
     def propose(self, seqs: list[Sequence], drafts: list[list[int]]) -> None:
         """Drafts the drafter would make now; a sequence whose last one is not yet scored keeps it."""
@@ -34,7 +39,7 @@ class Hindsight:
                 del self.pending[seq_id]
                 continue
             emitted = seq.output_token_ids[start : start + len(draft)]
-            agree = next((i for i, (d, t) in enumerate(zip(draft, emitted)) if d != t), len(emitted))
+            agree = agreement(draft, emitted)
             if agree < len(emitted) or len(emitted) == len(draft):
                 rows.append((self.k, agree))
                 del self.pending[seq_id]

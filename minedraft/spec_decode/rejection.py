@@ -26,10 +26,16 @@ def rejection_sample(p: Dist, q: Dist | None, drafts: list[int], generator: torc
     return drafts + [p.sample(len(drafts), generator)]
 
 
+def agreement(drafts: list[int], target: list[int]) -> int:
+    """How many drafts, from the first, equal the target's tokens at their positions."""
+    kept = 0
+    while kept < min(len(drafts), len(target)) and drafts[kept] == target[kept]:
+        kept += 1
+    return kept
+
+
 def greedy_verify(target: list[int], drafts: list[int]) -> list[int]:
     """Verify one greedy row's drafts: keep them while they equal the target's argmax at each
     position (`target`, len(drafts) + 1 tokens), then the target's token."""
-    kept = 0
-    while kept < len(drafts) and drafts[kept] == target[kept]:
-        kept += 1
+    kept = agreement(drafts, target)
     return drafts[:kept] + [target[kept]]

@@ -29,3 +29,10 @@ def test_a_pending_draft_is_kept_until_scored_and_dropped_with_its_sequence():
     h.propose([a], [[7, 8]])  # a's first draft is not scored yet: it stays
     assert h.pending[0][1] == [5, 6]
     assert h.score([a]) == [] and 1 not in h.pending  # b no longer runs
+
+
+def test_only_sequences_without_a_pending_draft_are_drafted_for():
+    h = Hindsight(k=2)
+    a, b = seq(0), seq(1)
+    h.propose([a], [[5, 6]])
+    assert h.undrafted([a, b]) == [b]

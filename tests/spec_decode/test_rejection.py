@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from minedraft.sampling import Dist, SamplingParams, probabilities
-from minedraft.spec_decode.rejection import greedy_verify, rejection_sample
+from minedraft.spec_decode.rejection import agreement, greedy_verify, rejection_sample
 
 
 def tv(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -90,3 +90,9 @@ def test_compact_draft_distributions_decide_exactly_as_dense_ones(support):
         assert kept == rejection_sample(p, dense, drafts, torch.Generator().manual_seed(seed))
         outcomes.add(len(kept))
     assert len(outcomes) > 2  # rejections at several positions, and acceptances
+
+
+def test_agreement_counts_the_drafts_equal_to_the_target_from_the_first():
+    assert agreement([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert agreement([1, 2, 3], [1, 2]) == 2  # a target not yet that long
+    assert agreement([], [1]) == 0 and agreement([7], [1]) == 0
