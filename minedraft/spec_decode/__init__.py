@@ -33,7 +33,8 @@ def make_proposer(config: EngineConfig, target: Decoder) -> Proposer:
         aux_layers = ()
         if spec.method == "eagle3":
             aux_layers = Eagle3Args.from_hf(read_config(spec.model_path)).aux_layers(target.args.num_layers)
-        return RemoteDrafter(args, spec.draft_timeout_s, aux_layers)  # the drafter process puts the lookup first
+        # The drafter process puts the lookup first; the engine keeps the same one for `free_drafts`.
+        return RemoteDrafter(args, spec.draft_timeout_s, aux_layers, lookup if spec.prompt_lookup_first else None)
     model = model_proposer(c, target)
     return LookupFirst(model, lookup) if spec.prompt_lookup_first else model
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from minedraft.spec_decode.base import Prefilled, Proposer
-from minedraft.spec_decode.ngram import lookup
+from minedraft.spec_decode.ngram import NgramProposer
 from minedraft.spec_decode.transport import ENGINE, Channel, DrafterError
 from minedraft.engine.sequence import Sequence
 from minedraft.sampling import Dist
@@ -79,9 +79,11 @@ def free_port() -> int:
 class RemoteDrafter(Proposer):
     """Engine-side handle on the drafter process: submit a sub-batch, later collect its drafts."""
 
-    def __init__(self, args: WorkerArgs, timeout_s: float, aux_layers: tuple[int, ...] = ()):
+    def __init__(self, args: WorkerArgs, timeout_s: float, aux_layers: tuple[int, ...] = (),
+                 lookup: NgramProposer | None = None):
         self.timeout_s = timeout_s
         self.aux_layers = aux_layers  # an EAGLE-3 head's: the target's states travel with the tokens
+        self.lookup = lookup  # the prompt lookup the drafter puts first, if any: run here for `free_drafts`
         self.states: dict[int, tuple[int, list[torch.Tensor]]] = {}  # seq_id -> (first position, not yet sent)
         # A fresh interpreter (not multiprocessing's spawn) so the user's __main__ is never re-run;
         # the same command could start the drafter on another host.
@@ -94,7 +96,6 @@ class RemoteDrafter(Proposer):
         self.done: list[tuple[Sequence, Prefilled]] = []
         self.idle_s = 0.0  # the target's last verification: the drafter's time for handed-over prompts
         self.adapting: bool | None = None  # "auto" set or unset, for the drafter's next message
-        self.lookup_sizes = args.prompt_lookup  # [min, max] of the drafter's prompt lookup, if any
         self.free = False  # the drafter's last answer: its drafts then cost nothing (its lookup alone)
         self.in_flight: list[Sequence] | None = None
         self.last_span: tuple[float, float] | None = None
@@ -161,9 +162,7 @@ class RemoteDrafter(Proposer):
 
     def free_drafts(self, seqs: list[Sequence], k: int) -> list[list[int]] | None:
         """The drafter's prompt lookup, run here, while its last answer said the lookup drafts alone."""
-        if not (self.free and self.lookup_sizes):
-            return None
-        return [lookup(s.prompt_token_ids + s.output_token_ids, *self.lookup_sizes, k) for s in seqs]
+        return self.lookup.free_drafts(seqs, k) if self.free and self.lookup is not None else None
 
     def _update(self, op: str) -> tuple[dict, list[torch.Tensor]]:
         """A message's header with the queued releases, prompt chunks and prompts handed over, and

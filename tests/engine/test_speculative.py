@@ -312,13 +312,19 @@ def test_auto_counts_drafts_asked_for_and_not_made_as_rejected(tiny_llama, tiny_
     assert short > 0  # rows got fewer drafts than asked, and were counted at the length asked
 
 
-def test_auto_keeps_measuring_a_free_drafter_while_it_plays_k_0(ar, tiny_llama):
+@pytest.mark.parametrize("mode", ["sd-ngram", "psd-lookup-first"])
+def test_auto_keeps_measuring_a_free_drafter_while_it_plays_k_0(ar, tiny_llama, tiny_draft, mode):
     """Held at k = 0, nothing is verified, yet the prompt lookup's drafts are scored against what
-    the target emits: the controller learns their acceptance at every position."""
+    the target emits: the controller learns their acceptance at every position. In psd the lookup
+    sits in the drafter's process; the engine runs the same one while the drafter's last answer
+    said its model was gated off (set here: at k = 0 no answer comes)."""
     prompts = [{"prompt_token_ids": p} for p in PROMPTS]
     expected = token_ids(ar.generate(prompts, greedy_params(), use_tqdm=False))
+    spec = {**NGRAM} if mode == "sd-ngram" else {"model": str(tiny_draft), "parallel": True, **LOOKUP_FIRST}
     with LLM(str(tiny_llama), dtype="float64", max_num_seqs=4, max_model_len=96, trace=True,
-             speculative_config={**NGRAM, "num_speculative_tokens": "auto"}) as sd:
+             speculative_config={**spec, "num_speculative_tokens": "auto"}) as sd:
+        if mode != "sd-ngram":
+            sd.engine.proposer.free = True
         controller = sd.engine.draft_length
         controller.k = 0
         controller.plan = lambda *args, **kwargs: 0
