@@ -29,7 +29,9 @@ class DraftLengthController:
                  requests come and go) must not be compared. For the rows of the step being planned,
                  each kind of step (plain, drafted) is looked up at the nearest n it was measured
                  at; among the k >= 1 measured there a line (or the one value, while only one k has
-                 been seen) predicts the others.
+                 been seen) predicts the others, and what drafts add to a plain step is carried
+                 from that n to the step's own in proportion to the rows, where plain steps were
+                 measured at both.
       rows(k)    sequences a step advances: every running one in sd; in psd a sub-batch, about half,
                  with drafts, all of them in a plain step.
     Step time: sd drafts then verifies, k * draft + verify(k); psd drafts one sub-batch while it
@@ -110,30 +112,41 @@ class DraftLengthController:
     def expected_tokens(self, k: int) -> float:
         return expected_tokens_by_position(self.acceptance, k)
 
-    def _measured(self, drafted: bool, rows: int) -> dict[int, float]:
-        """Verification seconds by k, plain (k = 0) or drafted (k >= 1), at the number of rows
-        nearest `rows` where that kind was measured (the larger on a tie); {} if never."""
+    def _measured(self, drafted: bool, rows: int) -> tuple[int, dict[int, float]]:
+        """(n, verification seconds by k), plain (k = 0) or drafted (k >= 1), at the number of rows
+        n nearest `rows` where that kind was measured (the larger on a tie); (0, {}) if never."""
         seen = [n for n, by_k in self.verify_s.items() if any((k > 0) == drafted for k in by_k)]
         if not seen:
-            return {}
+            return 0, {}
         n = min(seen, key=lambda n: (abs(n - rows), -n))
-        return {k: v for k, v in self.verify_s[n].items() if (k > 0) == drafted}
+        return n, {k: v for k, v in self.verify_s[n].items() if (k > 0) == drafted}
 
     def predicted_verify(self, k: int, rows: int) -> float:
         """Seconds to verify `rows` rows at k. k = 0: the plain step measured at the nearest number
         of rows. k >= 1: a least-squares line through the k >= 1 measured at the nearest number of
-        rows where any was (flat while one k has been seen there; the plain step while none has).
-        While no plain step has been measured, it is priced as the shortest drafts measured."""
-        plain = self._measured(False, rows)
+        rows n where any was (flat while one k has been seen there; the plain step while none has).
+        Where n is not `rows` but plain steps were measured at both, what the drafts add to a plain
+        step at n is carried over in proportion to the rows: plain(rows) + (line(n) - plain(n)) *
+        rows / n. (As the load falls at the end of a batch, drafts timed over 8 rows would otherwise
+        be priced at three times a one-row plain step.) While no plain step has been measured, a
+        plain one is priced as the shortest drafts measured."""
+        _, plain = self._measured(False, rows)
         if k == 0 and plain:
             return plain[0]
-        points = self._measured(True, rows) or plain
+        n, points = self._measured(True, rows)
+        if not points:
+            return plain[0]
         ks = list(points)
         if len(ks) == 1:
-            return points[ks[0]]
-        mean_k, mean_v = sum(ks) / len(ks), sum(points.values()) / len(ks)
-        slope = sum((x - mean_k) * (points[x] - mean_v) for x in ks) / sum((x - mean_k) ** 2 for x in ks)
-        return max(1e-9, mean_v + max(0.0, slope) * (max(k, min(ks)) - mean_k))
+            line = points[ks[0]]
+        else:
+            mean_k, mean_v = sum(ks) / len(ks), sum(points.values()) / len(ks)
+            slope = sum((x - mean_k) * (points[x] - mean_v) for x in ks) / sum((x - mean_k) ** 2 for x in ks)
+            line = max(1e-9, mean_v + max(0.0, slope) * (max(k, min(ks)) - mean_k))
+        plain_here, plain_there = (self.verify_s.get(m, {}).get(0) for m in (rows, n))
+        if n == rows or plain_here is None or plain_there is None:
+            return line
+        return plain_here + max(0.0, line - plain_there) * rows / n
 
     def predicted_rows(self, k: int, running: int) -> int:
         """Sequences a step of length k over `running` advances: psd verifies one sub-batch (the
@@ -151,9 +164,9 @@ class DraftLengthController:
         measured, k = 0: what speculation is weighed against must be known."""
         if not self.verify_s:
             return self.choice
-        if not self._measured(False, running):
+        if not self._measured(False, running)[1]:
             return 0
-        reach = min(self.max_k, 1 + max(self._measured(True, self.predicted_rows(1, running)), default=0))
+        reach = min(self.max_k, 1 + max(self._measured(True, self.predicted_rows(1, running))[1], default=0))
         return max(range(reach + 1), key=lambda k: self.predicted_rows(k, running) * self.expected_tokens(k)
                    / self.step_time(k, running))
 

@@ -129,6 +129,27 @@ def test_verification_times_are_compared_at_the_load_of_the_step_planned():
     assert c.plan(4) > 0
 
 
+def test_what_drafts_add_is_carried_to_a_load_where_only_plain_steps_were_measured():
+    # Over 8 rows a plain step takes 46 ms and one-token drafts add 16 ms (2 ms a row); over 1 row
+    # only a plain step (13 ms) was measured, as when a batch ends. Priced as the 62 ms measured over
+    # 8, k = 1 could never pay over 1 row; carried over, it costs 13 + 16 / 8 = 15 ms and, with half
+    # the drafts kept (1.5 tokens in 15 + 1 ms against 1 in 13), it does.
+    c = DraftLengthController(parallel=False, explore_every=1000)
+    for _ in range(30):
+        c.observe_draft(0.001, 1)
+        c.observe_verify(0.062, 1, [(1, 1), (1, 0)] * 4)
+        c.observe_verify(0.046, 0, [(0, 0)] * 8)
+    c.observe_verify(0.013, 0, [(0, 0)])
+    assert c.predicted_verify(1, 1) == pytest.approx(0.015)
+    assert c.predicted_verify(1, 8) == pytest.approx(0.062) and c.predicted_verify(0, 1) == pytest.approx(0.013)
+    assert c.best_k(1) > 0  # drafting pays there
+    # Not carried where a plain step is known at one load only: the drafted time as measured.
+    c = DraftLengthController(parallel=False)
+    c.observe_verify(0.062, 1, [(1, 1)] * 8)
+    c.observe_verify(0.013, 0, [(0, 0)])
+    assert c.predicted_verify(1, 1) == pytest.approx(0.062)
+
+
 def test_explorations_grow_rarer_while_the_choice_holds():
     c = DraftLengthController(parallel=False, explore_every=8, max_interval=64)
     drafted_steps = []
