@@ -68,7 +68,7 @@ def main() -> None:
     ar = LLM(**common)
     # The speculative engine's own drafter (prompt lookup: no model) is swapped for the oracle.
     sd = LLM(**common, speculative_config={"method": "ngram", "num_speculative_tokens": max(ks)})
-    prompts = benchmark_prompts(argparse.Namespace(**vars(args)), ar.engine)
+    prompts = benchmark_prompts(args, ar.engine)
     warm_up({"ar": ar, "sd": sd}, None, prompts[:2], max(ks))
     params = SamplingParams(temperature=0, max_tokens=args.output_len)
     replies = closed_loop(ar, prompts, 1, params)["outputs"]

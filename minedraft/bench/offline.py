@@ -309,15 +309,14 @@ def predict(results: dict[tuple, list[dict]], by: dict[tuple, dict]) -> list[flo
         if ar is not None and mode != "ar" and row.get("generation_tokens_per_s"):
             row["generation_speedup_vs_ar"] = row["generation_tokens_per_s"] / ar["generation_tokens_per_s"]
         verified = [row for r in runs for row in verified_rows(r.get("trace", []))]
-        if k in (None, "auto") or not verified or ar is None or not ar["decode_s_mean"]:
+        # Runs that drafted nothing (their drafter failed at once, say) have no steps to model.
+        steps = [mean_step_seconds(verify, draft, r["overlapped_share"]) for r in runs
+                 if (verify := spans(r.get("trace", []), "verify")) and (draft := spans(r.get("trace", []), "draft"))]
+        if k in (None, "auto") or not verified or not steps or ar is None or not ar["decode_s_mean"]:
             continue
         row["tokens_per_row"] = statistics.mean(a + 1 for _, a in verified)
         row["predicted_tokens_per_row"] = statistics.mean(expected_tokens_by_position(rates, d) for d, _ in verified)
-        # Runs that drafted nothing (their drafter failed at once, say) have no steps to model.
-        step = statistics.median(mean_step_seconds(spans(r["trace"], "verify"), spans(r["trace"], "draft"),
-                                                   r["overlapped_share"])
-                                 for r in runs if spans(r["trace"], "verify") and spans(r["trace"], "draft"))
-        predicted = row["rows_per_step"] * row["predicted_tokens_per_row"] / step
+        predicted = row["rows_per_step"] * row["predicted_tokens_per_row"] / statistics.median(steps)
         row["predicted_speedup_vs_ar"] = predicted / (ar["rows_per_step"] / ar["decode_s_mean"])
     return rates
 
