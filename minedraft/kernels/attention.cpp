@@ -1,4 +1,5 @@
-// Attention of a few new tokens per row over the KV cache (float32 or bfloat16, AVX-512).
+// Attention of a few new tokens per row over the KV cache (float32 or bfloat16), in vec.h's
+// sixteen-lane vectors (AVX-512, AVX2 or portable C++).
 //
 // A decode step or a verification brings 1 to a few queries per row, each over a few hundred
 // cached keys: a few thousand multiply-adds per head, which PyTorch's attention (flash attention
@@ -11,9 +12,6 @@
 // other queries.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
-
-#include <immintrin.h>
 
 #include <algorithm>
 #include <array>
@@ -21,58 +19,37 @@
 #include <utility>
 #include <vector>
 
+#include "ops.h"
+#include "vec.h"
+
 namespace {
 
-constexpr int64_t kLanes = 16;
+using vec::kLanes;
+using vec::Vec;
+
 constexpr int64_t kMaxHeadDim = 256;
 // Keys (and values) every query of a row takes before the next tile is read: 16 KB of float32
 // keys at D = 64, in L1 while the row's queries use them.
 constexpr int64_t kTile = 64;
 
-inline __m512 load(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load(const at::BFloat16* p) {  // a bfloat16 is the top half of a float32
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-inline void store(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
-inline void store(at::BFloat16* p, __m512 x) {
-  alignas(64) float tmp[kLanes];
-  _mm512_store_ps(tmp, x);
+inline void put(float* p, Vec x) { vec::store(p, x); }
+inline void put(at::BFloat16* p, Vec x) {
+  float tmp[kLanes];
+  vec::store(tmp, x);
   for (int64_t i = 0; i < kLanes; ++i) p[i] = at::BFloat16(tmp[i]);  // round to nearest even
 }
 
 // e^x for x <= 0 (scores less their maximum), to about 1e-7 relative: x = (n + f) ln 2 with n an
 // integer and |f| <= 1/2, e^(f ln 2) by its Taylor series to degree 7 (the rest is below 1e-9),
 // times 2^n. Sixteen at a time: with std::exp a call took 1.3-1.5x as long (docs/BENCHMARKS.md).
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));  // e^-87 is about float32's smallest normal
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
-  const __m512 y = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693147181f), x);  // (f ln 2), |y| <= 0.35
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
+inline Vec exp_nonpositive(Vec x) {
+  x = vec::max(x, vec::set1(-87.0f));  // e^-87 is about float32's smallest normal
+  const Vec n = vec::round(x * vec::set1(1.44269504f));
+  const Vec y = vec::fnmadd(n, vec::set1(0.693147181f), x);  // (f ln 2), |y| <= 0.35
+  Vec p = vec::set1(1.0f / 5040);
   for (const float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
-    p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(c));
-  return _mm512_scalef_ps(p, n);
-}
-
-// Sixteen vectors of partial dot products (a[j]: key j's, spread over the lanes) summed lane-wise
-// into one vector of sixteen scores, key j in lane j: 30 shuffles and 15 adds, where one
-// horizontal sum per key costs about as many for each key.
-inline __m512 sum_lanes(const __m512 (&a)[kLanes]) {
-  __m512 b[8], c[4];
-  for (int p = 0; p < 8; ++p)  // each 128-bit lane: keys 2p and 2p + 1, two terms each
-    b[p] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * p], a[2 * p + 1]), _mm512_unpackhi_ps(a[2 * p], a[2 * p + 1]));
-  for (int p = 0; p < 4; ++p) {  // each 128-bit lane: keys 4p .. 4p + 3, one term each
-    const __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(b[2 * p]), _mm512_castps_pd(b[2 * p + 1]));
-    const __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(b[2 * p]), _mm512_castps_pd(b[2 * p + 1]));
-    c[p] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
-  }
-  // Sum c[p]'s four 128-bit lanes into lane p of the result.
-  const __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                  _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                  _mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(3, 1, 3, 1)));
+    p = vec::fmadd(p, y, vec::set1(c));
+  return vec::scale2(p, n);
 }
 
 // Asks for a row of D values ahead of its use, into L2. Measured with scripts/kernel_ab.py
@@ -82,7 +59,7 @@ inline __m512 sum_lanes(const __m512 (&a)[kLanes]) {
 template <typename T>
 inline void prefetch_row(const T* row, int64_t D) {
   for (int64_t i = 0; i < D; i += 64 / static_cast<int64_t>(sizeof(T)))
-    _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T1);
+    vec::prefetch(row + i);
 }
 
 // Rows to ask for while a tile of keys is scored: keys [kTile, kTile + keys) and values [0, values)
@@ -98,17 +75,18 @@ struct Asks {
 };
 
 // Scores of sixteen keys in a row, K [16, C * 16], for a query held in registers, asking for the
-// rows `asks` names beside each key.
+// rows `asks` names beside each key: sixteen vectors of partial dot products (key j's spread over
+// the lanes), summed lane-wise into one vector of scores, key j in lane j.
 template <typename T, int C>
-inline __m512 block_scores(const __m512 (&qv)[C], const T* K, const T* V, Asks asks) {
-  __m512 a[kLanes];
+inline Vec block_scores(const Vec (&qv)[C], const T* K, const T* V, Asks asks) {
+  Vec a[kLanes];
   for (int j = 0; j < kLanes; ++j) {
     asks.row(K, V, j, C * kLanes);
-    __m512 acc = _mm512_mul_ps(qv[0], load(K + j * C * kLanes));
-    for (int c = 1; c < C; ++c) acc = _mm512_fmadd_ps(qv[c], load(K + (j * C + c) * kLanes), acc);
+    Vec acc = qv[0] * vec::load(K + j * C * kLanes);
+    for (int c = 1; c < C; ++c) acc = vec::fmadd(qv[c], vec::load(K + (j * C + c) * kLanes), acc);
     a[j] = acc;
   }
-  return sum_lanes(a);
+  return vec::sum_lanes(a);
 }
 
 // scores[0..n) = (q . K[j]) for one query already scaled (qs, float32 [C * 16]), K [n, C * 16],
@@ -117,15 +95,15 @@ inline __m512 block_scores(const __m512 (&qv)[C], const T* K, const T* V, Asks a
 // goes past key n.
 template <typename T, int C>
 void query_scores(const float* qs, const T* K, const T* V, int64_t n, float* scores, Asks asks) {
-  __m512 qv[C];
-  for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(qs + c * kLanes);
+  Vec qv[C];
+  for (int c = 0; c < C; ++c) qv[c] = vec::load(qs + c * kLanes);
   const int64_t whole = n / kLanes * kLanes;
   for (int64_t j0 = 0; j0 < whole; j0 += kLanes)
-    _mm512_storeu_ps(scores + j0, block_scores<T, C>(qv, K + j0 * C * kLanes, V + j0 * C * kLanes, asks.from(j0)));
+    vec::store(scores + j0, block_scores<T, C>(qv, K + j0 * C * kLanes, V + j0 * C * kLanes, asks.from(j0)));
   if (whole < n) {
     alignas(64) T tail[kLanes * C * kLanes] = {};
     std::copy(K + whole * C * kLanes, K + n * C * kLanes, tail);
-    _mm512_storeu_ps(scores + whole, block_scores<T, C>(qv, tail, tail, Asks{}));  // scores has room for whole blocks
+    vec::store(scores + whole, block_scores<T, C>(qv, tail, tail, Asks{}));  // scores has room for whole blocks
     for (int64_t j = whole; j < std::max(asks.keys, asks.values); ++j) asks.row(K, V, j, C * kLanes);
   }
 }
@@ -147,18 +125,19 @@ template <typename T, int R>
 void weigh_values(const float* const* p, const T* V, int64_t j0, int64_t n, int64_t D, float* const* sums,
                   const T* next, int64_t ahead) {
   for (int64_t c = 0; c < D; c += kLanes) {
-    __m512 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_loadu_ps(sums[r] + c);
+    Vec acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = vec::load(sums[r] + c);
     for (int64_t j = j0; j < j0 + n; ++j) {
       if (c == 0 && j - j0 < ahead) prefetch_row(next + (j - j0) * D, D);
-      const __m512 v = load(V + j * D + c);
-      for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r][j]), v, acc[r]);
+      const Vec v = vec::load(V + j * D + c);
+      for (int r = 0; r < R; ++r) acc[r] = vec::fmadd(vec::set1(p[r][j]), v, acc[r]);
     }
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(sums[r] + c, acc[r]);
+    for (int r = 0; r < R; ++r) vec::store(sums[r] + c, acc[r]);
   }
 }
 
-constexpr int kMaxValueQueries = 8;  // 8 accumulators, a value vector and the weights' broadcasts
+// Accumulators, a value vector and the weights' broadcasts within the registers: 8 with AVX-512, 6 with AVX2.
+constexpr int kMaxValueQueries = std::min(8, vec::kRegisters - 2);
 
 template <typename T>
 using ValuesFn = void (*)(const float* const*, const T*, int64_t, int64_t, int64_t, float* const*, const T*, int64_t);
@@ -170,21 +149,19 @@ constexpr auto values_table(std::integer_sequence<int, Rs...>) {
 
 // p[0..limit) = e^(s - max) of the scores in place, zero from limit to n; returns their sum.
 inline float exponentiate(float* p, int64_t limit, int64_t n) {
-  __m512 tops = _mm512_set1_ps(-INFINITY);
+  // The scores past limit were written (whole blocks of keys) but are not this query's: the maximum
+  // is taken over the first `limit`, and their exponentials are zeroed before they are summed.
+  float top = -INFINITY;
+  for (int64_t j = 0; j + kLanes <= limit; j += kLanes) top = std::max(top, vec::reduce_max(vec::load(p + j)));
+  for (int64_t j = limit / kLanes * kLanes; j < limit; ++j) top = std::max(top, p[j]);
+  Vec sums = vec::zero();
   for (int64_t j = 0; j < limit; j += kLanes) {
-    const __mmask16 m = limit - j >= kLanes ? 0xFFFF : static_cast<__mmask16>((1u << (limit - j)) - 1);
-    tops = _mm512_mask_max_ps(tops, m, tops, _mm512_maskz_loadu_ps(m, p + j));
-  }
-  const float top = _mm512_reduce_max_ps(tops);
-  __m512 sums = _mm512_setzero_ps();
-  for (int64_t j = 0; j < limit; j += kLanes) {
-    const __mmask16 m = limit - j >= kLanes ? 0xFFFF : static_cast<__mmask16>((1u << (limit - j)) - 1);
-    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, p + j), _mm512_set1_ps(top)));
-    _mm512_mask_storeu_ps(p + j, m, e);
-    sums = _mm512_add_ps(sums, _mm512_maskz_mov_ps(m, e));
+    const Vec e = exp_nonpositive(vec::load_first(p + j, limit - j) - vec::set1(top));
+    vec::store_first(p + j, e, limit - j);
+    sums = sums + vec::load_first(p + j, limit - j);
   }
   std::fill(p + limit, p + n, 0.0f);
-  return _mm512_reduce_add_ps(sums);
+  return vec::reduce_add(sums);
 }
 
 template <typename T>
@@ -263,8 +240,8 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tens
               r == 0 && t0 == 0 ? ahead : 0);
       for (int64_t r = 0; r < queries; ++r) {
         T* out = op + at(r);
-        const __m512 inv = _mm512_set1_ps(1.0f / totals[r]);
-        for (int64_t c = 0; c < D; c += kLanes) store(out + c, _mm512_mul_ps(_mm512_loadu_ps(accumulators[r] + c), inv));
+        const Vec inv = vec::set1(1.0f / totals[r]);
+        for (int64_t c = 0; c < D; c += kLanes) put(out + c, vec::load(accumulators[r] + c) * inv);
       }
     }
   });
@@ -309,10 +286,10 @@ at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(minedraft_kernels, m) {
+MINEDRAFT_LIBRARY_FRAGMENT(MINEDRAFT_OPS, m) {
   m.def("cached_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor rows) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(minedraft_kernels, CPU, m) {
+MINEDRAFT_LIBRARY_IMPL(MINEDRAFT_OPS, CPU, m) {
   m.impl("cached_attention", &cached_attention);
 }

@@ -31,4 +31,4 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     """Write k and v ([N', Hkv, D]) into one layer's caches ([slots, Hkv, max_len, D]) and attend
     q ([N', H, D]) causally; `rows` [B, 3]: slot, tokens cached before, new tokens, in q's order.
     Returns [N', H * D], zero past the rows' tokens."""
-    return torch.ops.minedraft_kernels.cached_attention(q, k, v, k_cache, v_cache, rows)
+    return kernels.ops().cached_attention(q, k, v, k_cache, v_cache, rows)

@@ -1,5 +1,6 @@
 // y = x @ W + bias for a few rows of x (float32, or bfloat16 where the CPU has AVX512-BF16),
-// reading each weight once for all rows.
+// reading each weight once for all rows, in vec.h's sixteen-lane vectors (AVX-512, AVX2 or
+// portable C++).
 //
 // At decode and verification sizes (1 to 64 rows) the weights are far bigger than the cache, so a
 // product costs what streaming them costs, and oneDNN's and MKL's cost well above one pass
@@ -9,23 +10,24 @@
 // at a time).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
-
-#include <immintrin.h>
 
 #include <array>
 #include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
-#ifndef __AVX512F__
-#error "small_gemm needs AVX-512F (minedraft/kernels/small_gemm.py builds it only where the CPU has it)"
-#endif
+#include "ops.h"
+#include "vec.h"
 
 namespace {
 
-constexpr int64_t kPanel = 32;   // columns per panel: two 16-lane vectors
-constexpr int kMaxBlockRows = 12;  // 2 x 12 accumulators + 2 weight vectors + 1 broadcast <= 32 registers
+using vec::Vec;
+
+constexpr int64_t kPanel = 32;  // columns per panel: two vectors
+// 2 accumulators a row + 2 weight vectors + 1 broadcast within the registers: 12 rows with
+// AVX-512 (its 32 registers), 2 with AVX2's 16.
+constexpr int kMaxBlockRows = std::min(12, (vec::kRegisters - 3) / 2);
 // The FMAs hide the loads from the hardware prefetcher, so each k step asks for the weights 32 KB
 // ahead, into L2 (T1): on the Xeon that took 8-row products from 1.3-1.6x to 1.1-1.2x the one-row
 // time with T0; T1 instead of T0 then saved another 10-17% at 1 to 40 rows (docs/BENCHMARKS.md).
@@ -45,21 +47,22 @@ void set_row_limit(int64_t limit) { row_limit = limit; }
 struct F32 {
   using T = float;
   static constexpr int kTerms = 1;
-  static __m512 broadcast(const T* x) { return _mm512_set1_ps(*x); }
-  static __m512 madd(__m512 acc, __m512 x, __m512 w) { return _mm512_fmadd_ps(x, w, acc); }
+  static Vec broadcast(const T* x) { return vec::set1(*x); }
+  static Vec madd(Vec acc, Vec x, Vec w) { return vec::fmadd(x, w, acc); }
 };
 
-#ifdef __AVX512BF16__
+#if defined(MINEDRAFT_AVX512) && defined(__AVX512BF16__)
+#define MINEDRAFT_BF16 1
 struct BF16 {
   using T = at::BFloat16;
   static constexpr int kTerms = 2;
-  static __m512 broadcast(const T* x) {  // x[k] and x[k + 1] together, in every lane
+  static Vec broadcast(const T* x) {  // x[k] and x[k + 1] together, in every lane
     int32_t pair;
     std::memcpy(&pair, x, sizeof(pair));
-    return _mm512_castsi512_ps(_mm512_set1_epi32(pair));
+    return {_mm512_castsi512_ps(_mm512_set1_epi32(pair))};
   }
-  static __m512 madd(__m512 acc, __m512 x, __m512 w) {
-    return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh&>(x), reinterpret_cast<__m512bh&>(w));
+  static Vec madd(Vec acc, Vec x, Vec w) {
+    return {_mm512_dpbf16_ps(acc.v, reinterpret_cast<__m512bh&>(x.v), reinterpret_cast<__m512bh&>(w.v))};
   }
 };
 #endif
@@ -74,12 +77,12 @@ struct Panels {
   const typename E::T* w;
   void prefetch(int64_t k) const {
     constexpr int64_t ahead = kPrefetchBytes / sizeof(typename E::T);
-    _mm_prefetch(reinterpret_cast<const char*>(w + k * kPanel + ahead), _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(w + k * kPanel + ahead + 16 * E::kTerms), _MM_HINT_T1);
+    vec::prefetch(w + k * kPanel + ahead);
+    vec::prefetch(w + k * kPanel + ahead + 16 * E::kTerms);
   }
-  void load(int64_t k, __m512& w0, __m512& w1) const {
-    w0 = _mm512_load_ps(reinterpret_cast<const float*>(w + k * kPanel));
-    w1 = _mm512_load_ps(reinterpret_cast<const float*>(w + k * kPanel + 16 * E::kTerms));
+  void load(int64_t k, Vec& w0, Vec& w1) const {  // (bfloat16: the pairs' bits, as floats)
+    w0 = vec::load(reinterpret_cast<const float*>(w + k * kPanel));
+    w1 = vec::load(reinterpret_cast<const float*>(w + k * kPanel + 16 * E::kTerms));
   }
 };
 
@@ -87,16 +90,14 @@ struct Panels {
 // first at a panel's first chunk, else to what earlier chunks left there. The last panel's columns
 // past n are masked off.
 template <int R>
-void add_chunk_sums(const __m512* a0, const __m512* a1, bool first, const float* bias, float* y, int64_t ldy,
+void add_chunk_sums(const Vec* a0, const Vec* a1, bool first, const float* bias, float* y, int64_t ldy,
                     int64_t cols) {
-  const __mmask16 m0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
-  const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
   for (int r = 0; r < R; ++r) {  // y = bias + chunk sums, in order
     const float* base = first ? bias : y + r * ldy;
-    const __m512 t0 = base ? _mm512_maskz_loadu_ps(m0, base) : _mm512_setzero_ps();
-    const __m512 t1 = base ? _mm512_maskz_loadu_ps(m1, base + 16) : _mm512_setzero_ps();
-    _mm512_mask_storeu_ps(y + r * ldy, m0, _mm512_add_ps(t0, a0[r]));
-    _mm512_mask_storeu_ps(y + r * ldy + 16, m1, _mm512_add_ps(t1, a1[r]));
+    const Vec t0 = base ? vec::load_first(base, cols) : vec::zero();
+    const Vec t1 = base ? vec::load_first(base + 16, cols - 16) : vec::zero();
+    vec::store_first(y + r * ldy, t0 + a0[r], cols);
+    vec::store_first(y + r * ldy + 16, t1 + a1[r], cols - 16);
   }
 }
 
@@ -111,11 +112,8 @@ void add_chunk_sums(const __m512* a0, const __m512* a1, bool first, const float*
 template <typename E, typename Source, int R>
 void panel_block(const typename E::T* x, int64_t ldx, int64_t kn, Source w, bool first, const float* bias, float* y,
                  int64_t ldy, int64_t cols, int64_t prefetch_phase, int64_t prefetch_every) {
-  __m512 a0[R], a1[R];
-  for (int r = 0; r < R; ++r) {
-    a0[r] = _mm512_setzero_ps();
-    a1[r] = _mm512_setzero_ps();
-  }
+  Vec a0[R], a1[R];
+  for (int r = 0; r < R; ++r) a0[r] = a1[r] = vec::zero();
   int64_t turn = prefetch_phase;
   for (int64_t k = 0; k < kn; k += E::kTerms) {
     // (The first test keeps the counter out of a lone block's loop: with it, 5-row products took 4%
@@ -124,10 +122,10 @@ void panel_block(const typename E::T* x, int64_t ldx, int64_t kn, Source w, bool
       turn = prefetch_every - 1;
       w.prefetch(k);
     }
-    __m512 w0, w1;
+    Vec w0, w1;
     w.load(k, w0, w1);
     for (int r = 0; r < R; ++r) {
-      const __m512 xr = E::broadcast(x + r * ldx + k);
+      const Vec xr = E::broadcast(x + r * ldx + k);
       a0[r] = E::madd(a0[r], xr, w0);
       a1[r] = E::madd(a1[r], xr, w1);
     }
@@ -191,44 +189,42 @@ void multiply(const at::Tensor& x, int64_t n, const float* bp, float* yp, Chunk 
 // column j in the low nibble, column j + 16 in the high one) or [K, 32] int8; its scales
 // [K / 32, 2 or 1, 32] float16 (d, then m). These sources decode a chunk's weights in registers, k
 // step by k step, as the FMAs take them (kChunk is a whole number of blocks: a chunk starts on one).
-inline __m512 halves(const at::Half* h) {  // 16 float16 values as float32
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
-}
-
 struct Q4_1 {
   const uint8_t* codes;    // the chunk's first term's
   const at::Half* scales;  // its first block's
-  __m512 d0, d1, m0, m1;   // the block's
+  Vec d0, d1, m0, m1;      // the block's
   void prefetch(int64_t k) const {
-    if (k % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(codes + k * 16 + kPrefetchBytes / 4), _MM_HINT_T1);
+    if (k % 4 == 0) vec::prefetch(codes + k * 16 + kPrefetchBytes / 4);
   }
-  void load(int64_t k, __m512& w0, __m512& w1) {
+  void load(int64_t k, Vec& w0, Vec& w1) {
     if (k % 32 == 0) {
       const at::Half* s = scales + k / 32 * 64;
-      d0 = halves(s), d1 = halves(s + 16), m0 = halves(s + 32), m1 = halves(s + 48);
+      d0 = vec::load(s), d1 = vec::load(s + 16), m0 = vec::load(s + 32), m1 = vec::load(s + 48);
     }
-    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k * 16)));
-    w0 = _mm512_fmadd_ps(d0, _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(15))), m0);
-    w1 = _mm512_fmadd_ps(d1, _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), m1);
+    Vec low, high;
+    vec::nibbles(codes + k * 16, low, high);
+    w0 = vec::fmadd(d0, low, m0);
+    w1 = vec::fmadd(d1, high, m1);
   }
 };
 
 struct Q8_0 {
   const int8_t* codes;
   const at::Half* scales;
-  __m512 d0, d1;
+  Vec d0, d1;
   void prefetch(int64_t k) const {
-    if (k % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(codes + k * 32 + kPrefetchBytes / 2), _MM_HINT_T1);
+    if (k % 2 == 0) vec::prefetch(codes + k * 32 + kPrefetchBytes / 2);
   }
-  void load(int64_t k, __m512& w0, __m512& w1) {
-    if (k % 32 == 0) d0 = halves(scales + k / 32 * 32), d1 = halves(scales + k / 32 * 32 + 16);
-    const auto* q = reinterpret_cast<const __m128i*>(codes + k * 32);
-    w0 = _mm512_mul_ps(d0, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))));
-    w1 = _mm512_mul_ps(d1, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))));
+  void load(int64_t k, Vec& w0, Vec& w1) {
+    if (k % 32 == 0) d0 = vec::load(scales + k / 32 * 32), d1 = vec::load(scales + k / 32 * 32 + 16);
+    w0 = d0 * vec::load(codes + k * 32);
+    w1 = d1 * vec::load(codes + k * 32 + 16);
   }
 };
 
-#ifdef __AVX512BF16__
+#ifdef MINEDRAFT_BF16
+inline __m512 halves(const at::Half* h) { return vec::load(h).v; }  // 16 float16 values as float32
+
 // bfloat16 rows against Q4_1 codes. Decoding each weight to float32 and rounding it would cost more
 // than the float32 kernel's decoding; instead each block's sum is split as
 //   sum_k (d q_k + m) x_k = d * sum_k (128 + q_k) x_k + (m - 128 d) * sum_k x_k,
@@ -245,21 +241,21 @@ void q4_bf16_block(const at::BFloat16* x, int64_t ldx, const float* xsum, int64_
                    const uint8_t* codes, const at::Half* scales, bool first, const float* bias, float* y, int64_t ldy,
                    int64_t cols) {
   const __m512i low = _mm512_set1_epi16(0x000F), b128 = _mm512_set1_epi16(0x4300);
-  __m512 t0[R], t1[R];
-  for (int r = 0; r < R; ++r) t0[r] = t1[r] = _mm512_setzero_ps();
+  Vec t0[R], t1[R];
+  for (int r = 0; r < R; ++r) t0[r] = t1[r] = vec::zero();
   for (int64_t b = 0; b < kn / 32; ++b) {
-    __m512 s0[R], s1[R];
-    for (int r = 0; r < R; ++r) s0[r] = s1[r] = _mm512_setzero_ps();
+    Vec s0[R], s1[R];
+    for (int r = 0; r < R; ++r) s0[r] = s1[r] = vec::zero();
     const uint8_t* c = codes + b * 32 * 16;
     for (int h = 0; h < 16; ++h) {
-      if (h % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(c + h * 32 + kPrefetchBytes / 4), _MM_HINT_T1);
+      if (h % 2 == 0) vec::prefetch(c + h * 32 + kPrefetchBytes / 4);
       const __m512i q = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + h * 32)));
       const __m512i w0 = _mm512_ternarylogic_epi32(q, low, b128, 0xEA);  // (q & 15) | 0x4300
       const __m512i w1 = _mm512_or_si512(_mm512_srli_epi16(q, 4), b128);
       for (int r = 0; r < R; ++r) {
-        const __m512 xr = BF16::broadcast(x + r * ldx + b * 32 + 2 * h);
-        s0[r] = BF16::madd(s0[r], xr, _mm512_castsi512_ps(w0));
-        s1[r] = BF16::madd(s1[r], xr, _mm512_castsi512_ps(w1));
+        const Vec xr = BF16::broadcast(x + r * ldx + b * 32 + 2 * h);
+        s0[r] = BF16::madd(s0[r], xr, Vec{_mm512_castsi512_ps(w0)});
+        s1[r] = BF16::madd(s1[r], xr, Vec{_mm512_castsi512_ps(w1)});
       }
     }
     const at::Half* sc = scales + b * 64;
@@ -268,8 +264,8 @@ void q4_bf16_block(const at::BFloat16* x, int64_t ldx, const float* xsum, int64_
     const __m512 m1 = _mm512_fmadd_ps(minus128, d1, halves(sc + 48));
     for (int r = 0; r < R; ++r) {
       const __m512 xs = _mm512_set1_ps(xsum[r * ldxs + b]);
-      t0[r] = _mm512_fmadd_ps(d0, s0[r], _mm512_fmadd_ps(m0, xs, t0[r]));
-      t1[r] = _mm512_fmadd_ps(d1, s1[r], _mm512_fmadd_ps(m1, xs, t1[r]));
+      t0[r].v = _mm512_fmadd_ps(d0, s0[r].v, _mm512_fmadd_ps(m0, xs, t0[r].v));
+      t1[r].v = _mm512_fmadd_ps(d1, s1[r].v, _mm512_fmadd_ps(m1, xs, t1[r].v));
     }
   }
   add_chunk_sums<R>(t0, t1, first, bias, y, ldy, cols);
@@ -311,8 +307,10 @@ void multiply_q4_bf16(const at::Tensor& x, const uint8_t* codes, const at::Half*
 }
 #endif
 
+std::string isa() { return vec::kIsa; }
+
 bool bf16_supported() {
-#ifdef __AVX512BF16__
+#ifdef MINEDRAFT_BF16
   return true;
 #else
   return false;
@@ -366,7 +364,7 @@ at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& panels, int64_t n, 
   }
   const auto* wp = reinterpret_cast<const at::BFloat16*>(panels.data_ptr());
   return rows_within_limit(x, n, bias, [&](const at::Tensor& xc, const float* bp, float* yp) {
-#ifdef __AVX512BF16__
+#ifdef MINEDRAFT_BF16
     multiply<BF16>(xc, n, bp, yp, [&](int64_t p, int64_t k0) {
       return Panels<BF16>{wp + p * panel_size + k0 * kPanel};
     });
@@ -401,7 +399,7 @@ at::Tensor coded_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Te
   if (type == at::kBFloat16) {
     const uint8_t* cp = codes.data_ptr<uint8_t>();
     return rows_within_limit(x, n, bias, [&](const at::Tensor& xc, const float* bp, float* yp) {
-#ifdef __AVX512BF16__
+#ifdef MINEDRAFT_BF16
       multiply_q4_bf16(xc, cp, sp, n, bp, yp);
 #endif
     }).to(at::kBFloat16);
@@ -423,14 +421,15 @@ at::Tensor coded_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Te
 
 }  // namespace
 
-TORCH_LIBRARY(minedraft_kernels, m) {
+MINEDRAFT_LIBRARY(MINEDRAFT_OPS, m) {
+  m.def("isa() -> str", &isa);
   m.def("small_gemm(Tensor x, Tensor panels, int n, Tensor? bias) -> Tensor");
   m.def("coded_gemm(Tensor x, Tensor codes, Tensor scales, int n, Tensor? bias) -> Tensor");
   m.def("bf16_supported() -> bool", &bf16_supported);
   m.def("set_row_limit(int limit) -> ()", &set_row_limit);
 }
 
-TORCH_LIBRARY_IMPL(minedraft_kernels, CPU, m) {
+MINEDRAFT_LIBRARY_IMPL(MINEDRAFT_OPS, CPU, m) {
   m.impl("small_gemm", &small_gemm);
   m.impl("coded_gemm", &coded_gemm);
 }

@@ -110,7 +110,7 @@ def build() -> bool:
 
 def bf16_supported() -> bool:
     """Whether the built kernel multiplies bfloat16 (its CPU has AVX512-BF16)."""
-    return build() and torch.ops.minedraft_kernels.bf16_supported()
+    return build() and kernels.ops().bf16_supported()
 
 
 @functools.cache
@@ -210,11 +210,11 @@ def padding_after(rows: int) -> Iterator[None]:
     if not build():
         yield
         return
-    torch.ops.minedraft_kernels.set_row_limit(rows)
+    kernels.ops().set_row_limit(rows)
     try:
         yield
     finally:
-        torch.ops.minedraft_kernels.set_row_limit(-1)
+        kernels.ops().set_row_limit(-1)
 
 
 def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -224,8 +224,8 @@ def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) ->
         y = x @ packed.dense
         return y if bias is None else y + bias
     if packed.codes is not None and x.shape[0] <= CODED_MAX_ROWS:
-        return torch.ops.minedraft_kernels.coded_gemm(x, *packed.codes, packed.dense.shape[1], bias)
-    return torch.ops.minedraft_kernels.small_gemm(x, packed.panels, packed.dense.shape[1], bias)
+        return kernels.ops().coded_gemm(x, *packed.codes, packed.dense.shape[1], bias)
+    return kernels.ops().small_gemm(x, packed.panels, packed.dense.shape[1], bias)
 
 
 def block_codes(weight: torch.Tensor, pairs: bool = False) -> Codes | None:
