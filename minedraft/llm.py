@@ -22,7 +22,8 @@ class LLM:
         return self.engine.tokenizer
 
     def close(self) -> None:
-        """Stop the drafter process, if any (also done when the LLM is garbage-collected)."""
+        """Stop the drafter process, if any. Also done at the end of a `with LLM(...)` block, when the
+        LLM is garbage-collected and when the program ends, however it ends."""
         self.engine.close()
 
     def __enter__(self) -> "LLM":

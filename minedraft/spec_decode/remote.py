@@ -5,6 +5,7 @@ Draft requests are keyed by sequence id and carry only the sequence's tokens the
 been sent yet; its proposer works out which of its KV entries (accepted drafts) stay valid.
 """
 
+import atexit
 import dataclasses
 import json
 import os
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +78,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Drafters not closed yet, closed by the hook below when the program ends, however it ends (unless
+# killed). atexit hooks run before the interpreter finalizes: a drafter closed by a __del__ during
+# finalization sends its "stop" message then, and when the Python tensors of a message gloo still
+# holds are freed there, torch's check in THPVariable_clear aborts the process (SIGABRT, issue 54).
+_open: "weakref.WeakSet[RemoteDrafter]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_drafters() -> None:
+    for drafter in list(_open):
+        drafter.close()
+
+
 class RemoteDrafter(Proposer):
     """Engine-side handle on the drafter process: submit a sub-batch, later collect its drafts."""
 
@@ -101,6 +116,7 @@ class RemoteDrafter(Proposer):
         self.last_span: tuple[float, float] | None = None
         self.process = subprocess.Popen(command)
         self.channel = None
+        _open.add(self)
         try:
             self.channel = Channel(args.init_method, ENGINE, READY_TIMEOUT_S, lambda: self.process.poll() is None)
             self.channel.recv(READY_TIMEOUT_S)
@@ -279,10 +295,12 @@ class RemoteDrafter(Proposer):
         return self._recv()[0]
 
     def close(self, graceful: bool = True) -> None:
-        """Stop the drafter process: asked to stop, or killed (after a failure, or if it won't)."""
+        """Stop the drafter process: asked to stop, or killed (after a failure, if it won't, or if a
+        message was cut off midway, as by Ctrl-C, so that the channel is out of step)."""
+        _open.discard(self)
         if self.process.poll() is None:
             try:
-                if self.channel is None or not graceful:
+                if self.channel is None or self.channel.broken or not graceful:
                     raise DrafterError("not stopping gracefully")
                 if self.in_flight is not None:  # it listens again only once its drafts are taken
                     self.collect()

@@ -9,7 +9,8 @@ the rendezvous address can at worst send a malformed message (a DrafterError), n
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import torch
@@ -42,6 +43,7 @@ class Channel:
         except (RuntimeError, ValueError) as e:
             raise DrafterError(f"could not join the drafter channel at {address}: {e}") from None
         self.peer = 1 - rank
+        self.broken = False  # a message was cut off midway (an error, Ctrl-C): the two sides are out of step
         self.sending: list[tuple[dist.Work, torch.Tensor]] = []  # posted sends not yet taken, with their buffers
 
     def _wait_for_drafter(self, timeout_s: float, peer_alive: Callable[[], bool] | None) -> None:
@@ -58,6 +60,10 @@ class Channel:
         matching receive, and waiting for that would keep the drafter from working while the
         engine verifies (and the engine from verifying while the drafter works). The next `recv`
         waits for it to be taken first; the two sides take turns, so that wait is short."""
+        with self._whole_message():
+            self._post(header, tensors)
+
+    def _post(self, header: dict, tensors: list[torch.Tensor]) -> None:
         payload = torch.frombuffer(bytearray(json.dumps(header, allow_nan=False).encode()), dtype=torch.uint8)
         meta = [payload.numel(), len(tensors)]
         for t in tensors:
@@ -73,6 +79,10 @@ class Channel:
     def recv(self, timeout: float | None = None) -> tuple[dict, list[torch.Tensor]]:
         """The next message; raises DrafterError on a broken channel, a malformed message or after
         `timeout` seconds."""
+        with self._whole_message():
+            return self._take(timeout)
+
+    def _take(self, timeout: float | None) -> tuple[dict, list[torch.Tensor]]:
         for work, _ in self.sending:  # what we sent has been taken (its buffers are kept until then)
             self._wait(lambda: work, timeout)
         self.sending.clear()
@@ -90,6 +100,14 @@ class Channel:
         if not isinstance(header, dict):
             raise DrafterError(f"malformed message header: {type(header).__name__}, not an object")
         return header, [self._recv(shape, dtype, timeout) for dtype, shape in _tensor_specs(meta)]
+
+    @contextmanager
+    def _whole_message(self) -> Iterator[None]:
+        try:
+            yield
+        except BaseException:
+            self.broken = True
+            raise
 
     def _send(self, t: torch.Tensor) -> None:
         try:

@@ -63,6 +63,8 @@ MAX_CATCH_UP = 16
 
 def worker_main(args: WorkerArgs) -> None:
     die_with_parent()
+    # Ctrl-C in a terminal signals the engine and its drafter alike; the engine stops the drafter.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     pin(args.cpus)
     channel = Channel(args.init_method, DRAFTER, timeout_s=24 * 3600)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
