@@ -156,6 +156,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before answering 503")
     p.add_argument("--served-model-name", default=None, help="the model id clients use (default: folder name)")
     p.add_argument("--trace", default=None, help="append every engine step to this JSON-lines file as it ends")
+    p.add_argument("--shutdown-grace-s", type=float, default=5.0,
+                   help="on SIGTERM or Ctrl-C, seconds the running requests may go on before they are ended "
+                        "(finish reason abort; a stream's final chunk, then [DONE]); a second Ctrl-C stops at once")
     p.set_defaults(func=cmd_serve)
 
 

@@ -1,5 +1,6 @@
 """Shared fixtures: tiny random-weight checkpoints (float64) and the bundled SmolLM2 model."""
 
+import os
 import shutil
 import socket
 import threading
@@ -185,3 +186,25 @@ def reference_probabilities(logits: torch.Tensor, params) -> torch.Tensor:
     keep = (probs.cumsum(-1) - probs) < params.top_p
     probs = torch.where(keep, probs, 0) / probs[keep].sum()
     return torch.zeros_like(logits).scatter(0, order[:k], probs)
+
+
+def session_processes(sid: int) -> list[int]:
+    """Processes still in session `sid`, zombies included."""
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):  # it has just ended
+            continue
+        if int(fields[3]) == sid:
+            pids.append(int(entry))
+    return pids
+
+
+def processes_left(sid: int, timeout_s: float = 5.0) -> list[int]:
+    """Processes of session `sid` still there after waiting up to `timeout_s` for them to end."""
+    deadline = time.monotonic() + timeout_s
+    while (left := session_processes(sid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left

@@ -9,9 +9,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+
+from conftest import processes_left
 
 MODES = ["psd", "sd-remote", "sd", "ar"]
 
@@ -79,20 +80,6 @@ STATUS = {"end": 0, "raise": 1, "sigint": -signal.SIGINT, "del": 0, "gc": 0, "tw
 ABORTS = ("terminate called", "Fatal Python error", "INTERNAL ASSERT FAILED", "Aborted", "core dumped")
 
 
-def session_processes(sid: int) -> list[int]:
-    """Processes still in session `sid`, zombies included."""
-    pids = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):  # it has just ended
-            continue
-        if int(fields[3]) == sid:
-            pids.append(int(entry))
-    return pids
-
-
 def run_script(tiny_llama, tiny_draft, mode: str, way: str) -> subprocess.CompletedProcess:
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(tiny_llama), str(tiny_draft), mode, way],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -102,10 +89,7 @@ def run_script(tiny_llama, tiny_draft, mode: str, way: str) -> subprocess.Comple
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         pytest.fail(f"{mode} / {way}: the script hung")
-    deadline = time.monotonic() + 5
-    while session_processes(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not session_processes(proc.pid), f"{mode} / {way}: processes left behind"
+    assert not processes_left(proc.pid), f"{mode} / {way}: processes left behind"
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

@@ -12,7 +12,10 @@ def serve(args: argparse.Namespace) -> None:
     from minedraft.engine.llm_engine import LLMEngine
     from minedraft.server.api import create_app
     from minedraft.server.async_engine import AsyncEngine
+    from minedraft.server.shutdown import GracefulServer
 
+    if args.shutdown_grace_s < 0:
+        raise ValueError(f"--shutdown-grace-s must be >= 0, got {args.shutdown_grace_s}")
     config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
                           max_model_len=args.max_model_len, num_threads=args.num_threads,
                           enforce_eager=args.enforce_eager, speculative_config=args.speculative_config,
@@ -27,6 +30,7 @@ def serve(args: argparse.Namespace) -> None:
         name = args.served_model_name or (Path(args.model).name if args.model else "SmolLM2-135M-Instruct")
         app = create_app(server, name, args.api_key)
         try:
-            uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+            uvicorn_config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info")
+            GracefulServer(uvicorn_config, server, args.shutdown_grace_s).run()
         finally:
             server.shutdown()

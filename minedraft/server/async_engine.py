@@ -56,6 +56,7 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         self._ids = itertools.count()
         self._stop = False
+        self._ending = False  # the server is stopping: requests end now, new ones are refused
         self._thread = threading.Thread(target=self._run, name="minedraft-engine", daemon=True)
         self._thread.start()
 
@@ -102,6 +103,11 @@ class AsyncEngine:
         self._send(("call", fn, loop, future))
         self._check_alive()  # as in generate()
         return await future
+
+    def end_all(self) -> None:
+        """End every request now, as aborted, each with its last output (a stream's final chunk),
+        and refuse later ones (503): the server is stopping. Safe from any thread."""
+        self._send(("end_all",))
 
     def shutdown(self) -> None:
         self._stop = True
@@ -156,6 +162,16 @@ class AsyncEngine:
                     stream.put(out)
             self._write_trace()  # after the outputs are on their way: tracing delays no token
 
+    def _end_all(self) -> None:
+        self._ending = True
+        for request_id, seqs in list(self.engine.requests.items()):
+            self.engine.abort(request_id)
+            out = RequestOutput.from_sequences(seqs)
+            self._observe(out)
+            stream = self._streams.pop(request_id, None)
+            if stream is not None:
+                stream.put(out)
+
     def _write_trace(self) -> None:
         if self.trace_file is None or not self.engine.trace:
             return
@@ -190,6 +206,9 @@ class AsyncEngine:
                 _, request_id, token_ids, params = command
                 if request_id not in self._streams:  # its handler has gone already
                     continue
+                if self._ending:
+                    self._fail(request_id, EngineDeadError("the server is shutting down"))
+                    continue
                 try:
                     self.engine.add_request(token_ids, params, request_id)
                 except Exception as e:  # ValueError: bad input (400); anything else: nothing was queued
@@ -198,6 +217,8 @@ class AsyncEngine:
                     self._fail(request_id, e)
             elif command[0] == "abort":
                 self.engine.abort(command[1])
+            elif command[0] == "end_all":
+                self._end_all()
             elif command[0] == "call":
                 _, fn, loop, future = command
                 try:

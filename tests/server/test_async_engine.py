@@ -7,7 +7,7 @@ import json
 from minedraft.config import EngineConfig
 from minedraft.engine.llm_engine import LLMEngine
 from minedraft.sampling import SamplingParams
-from minedraft.server.async_engine import AsyncEngine
+from minedraft.server.async_engine import AsyncEngine, EngineDeadError
 
 
 def serve_one_request(model, trace_file) -> tuple[AsyncEngine, int]:
@@ -45,3 +45,31 @@ def test_a_trace_that_cannot_be_written_stops_tracing_not_serving(tiny_llama):
     server, tokens = serve_one_request(tiny_llama, FullDisk())
     assert tokens == 5 and server.alive is False  # shut down by the helper, not by the failed write
     assert server.error is None and server.trace_file is None and server.engine.trace is None
+
+
+def test_end_all_ends_open_requests_with_their_last_output_and_refuses_new_ones(tiny_llama):
+    """What a stopping server does once its grace period is over."""
+    server = AsyncEngine(LLMEngine(EngineConfig(str(tiny_llama), max_model_len=256, enforce_eager=True)), max_queue=4)
+    finished = []
+    server.on_finish = finished.append
+    params = SamplingParams(max_tokens=240, temperature=0, ignore_eos=True)
+
+    async def stopped_midway():
+        outs = []
+        async for out in server.generate([1, 2, 3], params):
+            outs.append(out)
+            if len(outs) == 3:
+                server.end_all()
+        try:
+            [out async for out in server.generate([4, 5], params)]
+        except EngineDeadError as e:
+            return outs, str(e)
+
+    try:
+        outs, refused = asyncio.run(stopped_midway())
+    finally:
+        server.shutdown()
+    last = outs[-1].outputs[0]
+    assert outs[-1].finished and last.finish_reason == "abort" and 3 <= len(last.token_ids) < 240
+    assert [out.request_id for out in finished] == [outs[-1].request_id]  # metrics count it
+    assert "shutting down" in refused and not server.engine.requests
