@@ -14,9 +14,11 @@ import os
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
+from minedraft.engine.compile_cache import inductor_cache_dir
 from minedraft.kernels import small_gemm
 
 log = logging.getLogger(__name__)
@@ -46,12 +48,14 @@ class CompiledForward:
     """Calls `forward(model, input_ids, logit_index, rope, **inputs) -> (logits, states)` through
     compiled graphs for token counts up to max(`sizes`), eagerly otherwise. A graph is built on
     the first call with its size and input shapes (or by the runner's `warm_up`) and cached on disk
-    under `cache_dir`. Any compile failure (no C++ compiler, an unsupported op) warns once and
+    in a folder of `cache_dir` (engine/compile_cache.py). Any compile failure (no C++ compiler, an unsupported op) warns once and
     leaves every later call eager."""
 
     def __init__(self, forward: Forward, sizes: tuple[int, ...], cache_dir: str | os.PathLike | None = None):
-        if cache_dir is not None:  # the user's own TORCHINDUCTOR_CACHE_DIR wins
-            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir))
+        # The user's own TORCHINDUCTOR_CACHE_DIR wins; ours is set (and pruned) once per process, and
+        # a drafter process inherits it.
+        if cache_dir is not None and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_cache_dir(Path(cache_dir)))
         _keep_frozen_graphs_cacheable()
         self.forward = forward
         self.sizes = tuple(sorted(set(sizes)))

@@ -1,11 +1,14 @@
 """Find and load checkpoints: Hugging Face folders (config.json + safetensors, sharded or not) and
 GGUF files, which are converted once, when first loaded, into a cached Hugging Face folder."""
 
+import functools
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -20,8 +23,25 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_DRAFT = Path(__file__).resolve().parent.parent / "draft_models" / "smollm2-135m-instruct-eagle3"
 
 
+log = logging.getLogger("minedraft")
+
+
 def cache_root() -> Path:
-    return Path(os.environ.get("MINEDRAFT_CACHE", Path.home() / ".cache" / "minedraft"))
+    """$MINEDRAFT_CACHE, by default ~/.cache/minedraft; a temporary folder if it is not writable."""
+    return _writable(Path(os.environ.get("MINEDRAFT_CACHE", Path.home() / ".cache" / "minedraft")))
+
+
+@functools.cache  # one check, and at most one warning, per folder and process
+def _writable(root: Path) -> Path:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=root).close()
+        return root
+    except OSError as e:
+        fallback = Path(tempfile.gettempdir()) / f"minedraft-cache-{os.getuid()}"
+        log.warning("the cache folder %s is not writable (%s); caching in %s instead", root, e, fallback)
+        fallback.mkdir(parents=True, exist_ok=True)
+        return fallback
 
 
 def default_model_path() -> Path:
@@ -122,11 +142,28 @@ def convert_gguf(gguf_path: Path) -> Path:
         save_file(tensors, tmp / "model.safetensors")
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         tokenizer.save_pretrained(tmp)
+        (tmp / SOURCE).write_text(str(gguf_path.resolve()))
         if out.exists():
             shutil.rmtree(out)
         tmp.replace(out)
         bar.update()
+    drop_older_conversions(gguf_path, out)
     return out
+
+
+SOURCE = "source.txt"  # in a converted folder: the GGUF file it was converted from
+
+
+def drop_older_conversions(gguf_path: Path, current: Path) -> None:
+    """Remove the folders converted from earlier versions of the same file (before it was edited or
+    replaced): no model can load them any more."""
+    source = str(gguf_path.resolve())
+    for folder in cache_root().iterdir():
+        recorded = folder / SOURCE
+        if folder != current and folder.name.startswith(f"{gguf_path.stem}-") and recorded.is_file() \
+                and recorded.read_text() == source:
+            shutil.rmtree(folder, ignore_errors=True)
+            log.info("removed %s, converted from an earlier version of %s", folder, gguf_path)
 
 
 def read_config(folder: Path) -> dict:
