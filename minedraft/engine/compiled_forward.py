@@ -48,8 +48,8 @@ class CompiledForward:
     """Calls `forward(model, input_ids, logit_index, rope, **inputs) -> (logits, states)` through
     compiled graphs for token counts up to max(`sizes`), eagerly otherwise. A graph is built on
     the first call with its size and input shapes (or by the runner's `warm_up`) and cached on disk
-    in a folder of `cache_dir` (engine/compile_cache.py). Any compile failure (no C++ compiler, an unsupported op) warns once and
-    leaves every later call eager."""
+    in a folder of `cache_dir` (engine/compile_cache.py). Any compile failure (no C++ compiler, an
+    unsupported op) warns once and leaves every later call eager."""
 
     def __init__(self, forward: Forward, sizes: tuple[int, ...], cache_dir: str | os.PathLike | None = None):
         # The user's own TORCHINDUCTOR_CACHE_DIR wins; ours is set (and pruned) once per process, and
