@@ -10,7 +10,7 @@ from minedraft.engine.compiled_forward import CompiledForward
 from minedraft.engine.cuda_graphs import GraphForward
 from minedraft.kernels import attention as attention_kernel
 from minedraft.kv_cache import KVCache
-from minedraft.models.loader import cache_root
+from minedraft.cache_paths import cache_root
 from minedraft.models.attention import BatchLayout, batch_layout
 from minedraft.models.llama import Decoder, rope_tables, token_rope
 

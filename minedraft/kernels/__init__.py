@@ -59,7 +59,7 @@ def _flags(variant: str | None) -> list[str]:
 def _build_dir(variant: str | None = None) -> Path:
     """One folder per source, torch, flags and CPU (its feature flags where Linux lists them): a
     cache folder shared by several machines must not hand one's `-march=native` build to another."""
-    from minedraft.models.loader import cache_root
+    from minedraft.cache_paths import cache_root
 
     digest = hashlib.sha256(torch.__version__.encode() + _cpu_flags().encode() + " ".join(_flags(variant)).encode())
     for source in SOURCES:

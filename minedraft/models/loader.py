@@ -1,14 +1,12 @@
 """Find and load checkpoints: Hugging Face folders (config.json + safetensors, sharded or not) and
 GGUF files, which are converted once, when first loaded, into a cached Hugging Face folder."""
 
-import functools
 import hashlib
 import importlib.util
 import json
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -16,6 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from minedraft.cache_paths import cache_root
 from minedraft.models.hf_format import ModelArgs, fuse_hf_state_dict
 from minedraft.models.llama import Decoder, pack_for_cpu
 
@@ -24,24 +23,6 @@ DEFAULT_DRAFT = Path(__file__).resolve().parent.parent / "draft_models" / "smoll
 
 
 log = logging.getLogger("minedraft")
-
-
-def cache_root() -> Path:
-    """$MINEDRAFT_CACHE, by default ~/.cache/minedraft; a temporary folder if it is not writable."""
-    return _writable(Path(os.environ.get("MINEDRAFT_CACHE", Path.home() / ".cache" / "minedraft")))
-
-
-@functools.cache  # one check, and at most one warning, per folder and process
-def _writable(root: Path) -> Path:
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=root).close()
-        return root
-    except OSError as e:
-        fallback = Path(tempfile.gettempdir()) / f"minedraft-cache-{os.getuid()}"
-        log.warning("the cache folder %s is not writable (%s); caching in %s instead", root, e, fallback)
-        fallback.mkdir(parents=True, exist_ok=True)
-        return fallback
 
 
 def default_model_path() -> Path:

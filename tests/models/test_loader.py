@@ -6,6 +6,7 @@ import tempfile
 import pytest
 
 from minedraft.config import EngineConfig
+from minedraft import cache_paths
 from minedraft.models import loader
 from minedraft.models.hf_format import ModelArgs
 from minedraft.models.loader import default_model_path, locate_model, read_config
@@ -36,10 +37,10 @@ def test_a_cache_folder_that_is_not_writable_falls_back_to_a_temporary_one(tmp_p
     monkeypatch.setenv("MINEDRAFT_CACHE", str(tmp_path / "a_file" / "cache"))  # under a file: never writable
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
-    loader._writable.cache_clear()
+    cache_paths._writable.cache_clear()
     with caplog.at_level(logging.WARNING, logger="minedraft"):
-        roots = [loader.cache_root(), loader.cache_root()]
-    loader._writable.cache_clear()
+        roots = [cache_paths.cache_root(), cache_paths.cache_root()]
+    cache_paths._writable.cache_clear()
     assert roots[0] == roots[1] and roots[0].parent == tmp_path / "tmp" and roots[0].is_dir()
     assert caplog.text.count("is not writable") == 1
 
