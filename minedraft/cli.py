@@ -114,6 +114,12 @@ def cmd_bench_draft(args: argparse.Namespace) -> None:
     run(args)
 
 
+def cmd_bench_llamacpp(args: argparse.Namespace) -> None:
+    from minedraft.bench.llamacpp import run
+
+    run(args)
+
+
 def cmd_derive_draft(args: argparse.Namespace) -> None:
     from pathlib import Path
 
@@ -253,6 +259,18 @@ def add_bench_draft(bench: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_bench_draft)
 
 
+def add_bench_llamacpp(bench: argparse._SubParsersAction) -> None:
+    p = bench.add_parser("llamacpp", help="llama.cpp's own tools and MineDraft side by side on one GGUF file "
+                                          "(builds llama.cpp once)")
+    p.add_argument("--model", default=None, help=".gguf file (default: bundled SmolLM2-135M-Instruct Q4_1)")
+    p.add_argument("--threads", default="1,2", help="comma-separated thread counts (cores 0..N-1 for both)")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved repetitions; medians are reported")
+    p.add_argument("--output-len", type=int, default=128, help="tokens generated per sequence")
+    p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per sequence at batch 8")
+    add_eager_arg(p)
+    p.set_defaults(func=cmd_bench_llamacpp)
+
+
 def add_derive_draft(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("derive-draft", help="write a draft checkpoint made of a target's first layers")
     p.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M-Instruct)")
@@ -331,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate(sub)
     add_serve(sub)
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    for add in (add_bench_decode, add_bench_offline, add_bench_serve, add_bench_draft):
+    for add in (add_bench_decode, add_bench_offline, add_bench_serve, add_bench_draft, add_bench_llamacpp):
         add(bench)
     add_derive_draft(sub)
     add_train_draft(sub)

@@ -27,3 +27,9 @@ def request_figures(e2e: list[float], ttft: list[float], tokens: list[int], make
         "tpot_mean_s": statistics.mean(tpot) if tpot else 0.0,
         "e2e_s": list(e2e),
     }
+
+
+def markdown_table(headers: list[str], rows: list[list]) -> str:
+    """A Markdown table: a header line, the separator and one line per row."""
+    lines = [headers, ["---"] * len(headers), *rows]
+    return "\n".join("| " + " | ".join(str(cell) for cell in line) + " |" for line in lines)
